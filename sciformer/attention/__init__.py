@@ -1,0 +1,1 @@
+"""The shared attention core: dense (token sequence) and neighbourhood (point) forms."""

@@ -1,0 +1,1 @@
+"""Readers and datasets for point clouds and hyperspectral scenes."""

@@ -1,0 +1,106 @@
+"""The contract between a dataset and the engine.
+
+A dataset registered in :data:`sciformer.registry.DATASETS` is a builder::
+
+    @DATASETS.register("hsi_scene", config=HSISceneConfig, predictor=predict_hsi_file)
+    def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> TaskData: ...
+
+The engine only talks to :class:`TaskData`: it asks for the three splits as torch
+datasets, collates items into batch dicts (``batch["target"]`` holds the labels,
+int64, ``ignore_index`` where unlabelled), passes the whole batch dict to the model
+(``model(batch) -> logits (n, num_classes)`` with ``n == batch["target"].numel()``),
+and lets the task write what is specific to it (split masks, maps, point files).
+
+``state()`` is stored in every checkpoint (plain tensors, numbers, strings, lists
+and dicts only, so checkpoints load with ``weights_only=True``); the dataset's
+``predictor`` receives it to predict a new file exactly as the model was trained
+(same normalisation, same class names).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+Batch = dict[str, Any]
+PredictFn = Callable[[Batch], torch.Tensor]  # batch dict -> logits (n, num_classes)
+
+SPLITS = ("train", "val", "test")
+
+
+def default_data_root() -> Path:
+    """Folder of real data: ``$SCIFORMER_DATA`` or ``../shared/data`` beside the repo."""
+    env = os.environ.get("SCIFORMER_DATA")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def default_cache_dir() -> Path:
+    """Preprocessing cache: ``$SCIFORMER_CACHE`` or ``~/.cache/sciformer``."""
+    env = os.environ.get("SCIFORMER_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "sciformer"
+
+
+@dataclass
+class BuildContext:
+    """What a dataset builder gets besides its config."""
+
+    base_dir: Path  # relative paths in the config resolve against this (the config's folder)
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    seed: int = 0
+
+    def resolve(self, path: str | os.PathLike[str]) -> Path:
+        """Resolve a config path: ``~`` and ``$VARS`` expanded, relative to ``base_dir``."""
+        p = Path(os.path.expandvars(os.fspath(path))).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+
+@dataclass
+class DataInfo:
+    """What a model builder needs to know about the data."""
+
+    num_classes: int
+    class_names: list[str]
+    in_channels: int  # spectral bands (hyperspectral) or per-point feature channels (points)
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. patch_size, wavelengths
+
+
+class TaskData(ABC):
+    """A dataset prepared for one experiment: splits, collation and task outputs."""
+
+    info: DataInfo
+    ignore_index: int = -1
+
+    @abstractmethod
+    def dataset(self, split: str) -> Dataset:
+        """The torch dataset of ``split`` (one of ``train``, ``val``, ``test``)."""
+
+    @abstractmethod
+    def collate(self, items: list[Any]) -> Batch:
+        """Stack items into a batch dict with ``target`` (int64)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Protocol facts printed with results and stored in ``metrics.json``."""
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        """Fitted preprocessing state stored in checkpoints (weights_only-safe types)."""
+        return {}
+
+    def save_artifacts(self, run_dir: Path) -> None:
+        """Write split masks, protocol files and the like into the run folder."""
+
+    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any) -> dict[str, Any]:
+        """Write task-specific predictions (maps, point files) after evaluation.
+
+        Returns extra facts to store in ``metrics.json`` (may be empty).
+        """
+        return {}
