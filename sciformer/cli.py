@@ -1,0 +1,212 @@
+"""Command line: ``sciformer train|evaluate|predict|info``.
+
+Every user-facing error prints one line on stderr and exits with code 2 (130 when
+interrupted), without a traceback. ``SCIFORMER_DEBUG=1`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import sciformer
+from sciformer.errors import ConfigError, SciformerError
+
+
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. train.epochs=5 model.dim=32")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sciformer", description="Transformers for 3D point clouds and hyperspectral image cubes.")
+    parser.add_argument("--version", action="version", version=f"sciformer {sciformer.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train an experiment from a YAML config")
+    train.add_argument("--config", "-c", type=Path, help="experiment YAML")
+    train.add_argument("--output-dir", "-o", type=Path, help="run folder (exactly this folder; default runs/<name>-<time>)")
+    train.add_argument("--resume", type=Path, metavar="RUN_OR_CKPT", help="continue a stopped run (its folder or a checkpoint)")
+    train.add_argument("--seed", type=int, help="shortcut for train.seed=N")
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    _add_overrides(train)
+
+    evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on its experiment's test (or val) split")
+    evaluate.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file or run folder")
+    evaluate.add_argument("--output-dir", "-o", type=Path, help="where to write metrics (default <run>/evaluation)")
+    evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
+    _add_overrides(evaluate)
+
+    predict = sub.add_parser("predict", help="predict a new input file with a trained checkpoint")
+    predict.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file or run folder")
+    predict.add_argument("--input", "-i", required=True, type=Path, help="input file (scene cube or point cloud)")
+    predict.add_argument("--output", required=True, type=Path, help="output file; its suffix picks the format")
+    predict.add_argument("--batch-size", type=int, help="inference batch size (default: evaluation.batch_size)")
+    predict.add_argument("--device", help="cpu, cuda, cuda:N (default: the run's train.device)")
+
+    sub.add_parser("info", help="versions, devices, optional backends, registered models and datasets")
+    return parser
+
+
+# ------------------------------------------------------------------------- commands
+
+
+def _default_run_dir(name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{name}-{stamp}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from sciformer import config
+    from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.trainer import RunFolderError, Trainer
+
+    overrides = list(args.overrides)
+    if args.seed is not None:
+        overrides.append(f"train.seed={args.seed}")
+    state = None
+    if args.resume is not None:
+        state = load_checkpoint(args.resume)
+        exp = config.from_dict(state["config"], Path(state["config_dir"]), overrides)
+        ckpt_path = args.resume if args.resume.is_file() else args.resume / "checkpoints" / "last.pt"
+        run_dir = ckpt_path.resolve().parent.parent
+        if args.output_dir is not None and args.output_dir.resolve() != run_dir:
+            raise RunFolderError(f"--output-dir {args.output_dir} differs from the resumed run folder {run_dir}; drop --output-dir")
+        if args.config is not None:
+            print(f"note: --resume takes the config stored in the run; {args.config} is not read", file=sys.stderr)
+    else:
+        if args.config is None:
+            raise ConfigError("train needs --config PATH (or --resume RUN)")
+        exp = config.load(args.config, overrides)
+        run_dir = args.output_dir if args.output_dir is not None else _default_run_dir(exp.cfg.name)
+        if (run_dir / "checkpoints" / "last.pt").exists():
+            raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")
+    if args.print_config:
+        print(exp.to_yaml(), end="")
+        return 0
+    Trainer(exp, run_dir, resume_state=state).fit()
+    return 0
+
+
+def _load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str | None = None) -> tuple[Any, dict[str, Any], Any, Any]:
+    import torch
+
+    from sciformer import config
+    from sciformer.engine import builders
+    from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.runtime import pick_device
+
+    state = load_checkpoint(ckpt_path)
+    exp = config.from_dict(state["config"], Path(state["config_dir"]), overrides)
+    device = pick_device(device_name or exp.cfg.train.device)
+    info = builders.data_info_from_dict(state["data_info"])
+    model = builders.build_model(exp, info)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise SciformerError(f"checkpoint '{ckpt_path}' does not match model '{exp.cfg.model.name}': {first}") from None
+    torch.set_grad_enabled(False)
+    return exp, state, model.to(device).eval(), device
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from sciformer.engine import builders
+    from sciformer.engine.trainer import evaluate_and_export
+
+    overrides = list(args.overrides) + ([f"evaluation.split={args.split}"] if args.split else [])
+    exp, state, model, device = _load_for_inference(args.checkpoint, overrides)
+    task = builders.build_task(exp)
+    if task.info.num_classes != int(state["data_info"]["num_classes"]):
+        raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
+    ckpt_file = args.checkpoint if args.checkpoint.is_file() else args.checkpoint / "checkpoints" / "last.pt"
+    out_dir = args.output_dir or ckpt_file.resolve().parent.parent / "evaluation"
+    evaluate_and_export(exp, task, model, device, out_dir, extra={"checkpoint": str(ckpt_file), "checkpoint_epoch": state["epoch"]})
+    print(f"wrote {out_dir / 'metrics.json'}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from sciformer.engine.loops import autocast, to_device
+    from sciformer.registry import DATASETS
+
+    exp, state, model, device = _load_for_inference(args.checkpoint, [], args.device)
+    entry = DATASETS.get(exp.cfg.data.name, key="data.name")
+    if entry.predictor is None:
+        raise SciformerError(f"dataset '{exp.cfg.data.name}' has no file predictor")
+    if not args.input.exists():
+        raise SciformerError(f"--input '{args.input}' does not exist")
+    amp = exp.cfg.train.amp
+
+    def predict(batch: dict[str, Any]) -> Any:
+        with autocast(device, amp):
+            return model(to_device(batch, device)).float()
+
+    batch_size = args.batch_size or exp.cfg.evaluation.batch_size
+    written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, args.input, args.output, batch_size)
+    print(f"wrote {written or args.output}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    from sciformer.registry import DATASETS, MODELS
+
+    print(f"sciformer {sciformer.__version__}")
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            print(f"cuda:{i} {torch.cuda.get_device_name(i)}")
+    else:
+        print("cuda: not available (CPU only)")
+    print("optional backends:")
+    for dist, purpose in [
+        ("pykdtree", "fast CPU kNN"), ("fpsample", "fast CPU farthest point sampling"), ("torch-cluster", "GPU kNN/FPS"),
+        ("torch-geometric", "PyG interop"), ("open3d", "point-cloud I/O"), ("laspy", "LAS/LAZ LiDAR"), ("lazrs", "LAZ decompression"),
+        ("tensorly", "built-in Indian Pines scene"), ("tensorboard", "TensorBoard logs"),
+    ]:
+        try:
+            version = md.version(dist)
+        except md.PackageNotFoundError:
+            version = "absent"
+        print(f"  {dist:<16} {version:<12} {purpose}")
+    print("models:")
+    for entry in MODELS.entries():
+        print(f"  {entry.name:<22} {entry.summary}")
+    print("datasets:")
+    for entry in DATASETS.entries():
+        print(f"  {entry.name:<22} {entry.summary}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "info": cmd_info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except SciformerError as exc:
+        if os.environ.get("SCIFORMER_DEBUG"):
+            raise
+        print(f"sciformer {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"sciformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Experiment schema, loading and command-line overrides.
+
+An experiment YAML holds only what differs from the defaults below::
+
+    name: indian_pines_demo
+    data:   {name: hsi_scene, source: indian_pines, split: {kind: blocks}}
+    model:  {name: spectral_spatial}
+    train:  {epochs: 30, batch_size: 64}
+
+``data`` and ``model`` name a registered dataset / model; their remaining keys are
+validated by that entry's own parameter model. Unknown keys are errors everywhere,
+and every error becomes one :class:`~sciformer.errors.ConfigError` line naming the
+dotted key and the closest valid key or the expected type.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sciformer.errors import ConfigError
+from sciformer.registry import DATASETS, MODELS, Registry
+from sciformer.utils import yamlio
+from sciformer.utils.suggest import did_you_mean
+
+
+class Section(BaseModel):
+    """A config section: unknown keys forbidden, values checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NamedSection(BaseModel):
+    """``name`` of a registry entry plus that entry's parameters (validated later)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = Field(0.9, ge=0)  # sgd only
+    nesterov: bool = False  # sgd only
+
+
+class ScheduleConfig(Section):
+    name: Literal["cosine", "step", "constant"] = "cosine"
+    warmup_epochs: float = Field(0.0, ge=0)
+    min_lr_ratio: float = Field(0.01, ge=0, le=1)  # cosine floor as a fraction of lr
+    step_epochs: int = Field(30, ge=1)  # step only
+    gamma: float = Field(0.1, gt=0, le=1)  # step only
+
+
+class TrainConfig(Section):
+    epochs: int = Field(100, ge=1)
+    batch_size: int = Field(64, ge=1)
+    seed: int = 0
+    deterministic: bool = False
+    grad_clip: float | None = Field(None, gt=0)
+    amp: Literal["none", "bf16", "fp16"] = "none"  # fp16 only on CUDA
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_workers: int = Field(0, ge=0)
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads; None keeps torch's default
+    val_every: int = Field(1, ge=1)
+    monitor: str = "oa"  # validation metric that chooses best.pt (loss is minimised)
+    early_stop_patience: int | None = Field(None, ge=1)  # validations without improvement
+    max_steps_per_epoch: int | None = Field(None, ge=1)
+    checkpoint_every_steps: int | None = Field(None, ge=1)
+    progress: Literal["auto", "always", "never"] = "auto"
+
+
+class EvaluationConfig(Section):
+    batch_size: int = Field(256, ge=1)
+    split: Literal["test", "val"] = "test"
+
+
+class ExportConfig(Section):
+    npy: bool = True
+    png: bool = True
+    envi: bool = True
+    ply: bool = True
+
+
+class ExperimentConfig(Section):
+    """The whole experiment."""
+
+    name: str = "experiment"
+    description: str = ""
+    data: NamedSection
+    model: NamedSection
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: TrainConfig = TrainConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    export: ExportConfig = ExportConfig()
+
+    @model_validator(mode="after")
+    def _check_monitor(self) -> ExperimentConfig:
+        from sciformer.engine.metrics import METRIC_NAMES
+
+        if self.train.monitor not in METRIC_NAMES:
+            raise ValueError(f"train.monitor must be one of {', '.join(METRIC_NAMES)}, got '{self.train.monitor}'")
+        return self
+
+
+class Experiment:
+    """A validated experiment: the schema object plus the typed data/model parameters."""
+
+    def __init__(self, cfg: ExperimentConfig, data_params: BaseModel, model_params: BaseModel, base_dir: Path) -> None:
+        self.cfg = cfg
+        self.data_params = data_params
+        self.model_params = model_params
+        self.base_dir = base_dir
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fully resolved config (defaults filled in) as plain data."""
+        out = self.cfg.model_dump(mode="json")
+        out["data"] = {"name": self.cfg.data.name, **self.data_params.model_dump(mode="json")}
+        out["model"] = {"name": self.cfg.model.name, **self.model_params.model_dump(mode="json")}
+        return out
+
+    def to_yaml(self) -> str:
+        return yamlio.dumps(self.to_dict())
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the nested model reached by ``loc`` (for suggestions)."""
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return []
+        annotation = model.model_fields[part].annotation
+        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
+        model = next((a for a in candidates if issubclass(a, BaseModel)), None)
+    return list(model.model_fields) if model is not None else []
+
+
+def _one_line(exc: ValidationError, model: type[BaseModel], prefix: str = "", source: str = "") -> ConfigError:
+    """Turn the first pydantic error into one line naming the dotted key."""
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    key = ".".join([prefix] * bool(prefix) + [str(p) for p in loc]) or (prefix or "<root>")
+    where = f"{source}: " if source else ""
+    if err["type"] == "extra_forbidden":
+        hint = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1]))
+        if hint:
+            parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+            hint = hint.replace("'", f"'{parent}", 1)
+        return ConfigError(f"{where}unknown key '{key}'{hint}")
+    if err["type"] == "missing":
+        return ConfigError(f"{where}missing required key '{key}'")
+    msg = err["msg"].removeprefix("Value error, ")
+    if loc:
+        return ConfigError(f"{where}{key}: {msg} (got {err.get('input')!r})")
+    return ConfigError(f"{where}{msg}")
+
+
+# ---------------------------------------------------------------------------- overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.epochs=5"`` -> (["train", "epochs"], 5); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key.sub=value")
+    key, _, value = text.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override '{text}' has an empty key part")
+    return parts, yamlio.loads(value, source=f"override '{text}'") if value.strip() else ""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides to a raw config mapping (returns a copy)."""
+    out = copy.deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{text}': '{'.'.join(parts[: i + 1])}' is not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _validate_entry(registry: Registry, section: NamedSection, key: str, source: str) -> BaseModel:
+    entry = registry.get(section.name, key=f"{key}.name")
+    try:
+        return entry.config.model_validate(section.params())
+    except ValidationError as exc:
+        raise _one_line(exc, entry.config, prefix=key, source=source) from None
+
+
+def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
+    """Validate a raw mapping into an :class:`Experiment`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source or 'config'}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise _one_line(exc, ExperimentConfig, source=source) from None
+    data_params = _validate_entry(DATASETS, cfg.data, "data", source)
+    model_params = _validate_entry(MODELS, cfg.model, "model", source)
+    return Experiment(cfg, data_params, model_params, base_dir)
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Load, override and validate an experiment YAML."""
+    path = Path(path)
+    raw = yamlio.load_file(path)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides or [])
+    return validate(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def from_dict(raw: dict[str, Any], base_dir: Path, overrides: list[str] | None = None) -> Experiment:
+    """Validate a resolved config stored in a checkpoint or run folder."""
+    return validate(apply_overrides(raw, overrides or []), base_dir=base_dir, source="checkpoint config")

@@ -1,0 +1,1 @@
+"""Train / evaluate / predict loops shared by every task, metrics and checkpoints."""

@@ -1,0 +1,71 @@
+"""Build the task data, model, optimiser and learning-rate schedule of an experiment."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from sciformer.config import Experiment, OptimizerConfig, ScheduleConfig
+from sciformer.data.base import BuildContext, DataInfo, TaskData
+from sciformer.errors import ConfigError
+from sciformer.registry import DATASETS, MODELS
+
+
+def build_task(exp: Experiment) -> TaskData:
+    """Build the experiment's dataset (reads and preprocesses the data)."""
+    entry = DATASETS.get(exp.cfg.data.name, key="data.name")
+    ctx = BuildContext(base_dir=exp.base_dir, seed=exp.cfg.train.seed)
+    return entry.builder(exp.data_params, ctx)
+
+
+def build_model(exp: Experiment, info: DataInfo) -> nn.Module:
+    """Build the experiment's model for data described by ``info``."""
+    entry = MODELS.get(exp.cfg.model.name, key="model.name")
+    return entry.builder(exp.model_params, info)
+
+
+def data_info_to_dict(info: DataInfo) -> dict[str, Any]:
+    return {"num_classes": info.num_classes, "class_names": list(info.class_names), "in_channels": info.in_channels, "extras": dict(info.extras)}
+
+
+def data_info_from_dict(raw: dict[str, Any]) -> DataInfo:
+    return DataInfo(int(raw["num_classes"]), list(raw["class_names"]), int(raw["in_channels"]), dict(raw.get("extras", {})))
+
+
+def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD; no weight decay on biases and normalisation weights (1-D params)."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim <= 1 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    if cfg.name == "adam":
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    raise ConfigError(f"optimizer.name: unknown optimizer '{cfg.name}'")
+
+
+def lr_factor(cfg: ScheduleConfig, step: int, steps_per_epoch: int, total_steps: int) -> float:
+    """Learning-rate multiplier at optimisation ``step`` (0-based): linear warm-up, then the schedule."""
+    warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+    if step < warmup:
+        return (step + 1) / warmup
+    if cfg.name == "constant":
+        return 1.0
+    if cfg.name == "step":
+        return cfg.gamma ** (step // (cfg.step_epochs * steps_per_epoch))
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+
+def build_scheduler(cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step scheduler (call ``step()`` after every optimiser step)."""
+    total = steps_per_epoch * epochs
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step, steps_per_epoch, total))

@@ -1,0 +1,62 @@
+"""Checkpoints: written atomically, loaded with ``weights_only=True``.
+
+A checkpoint is a dict of plain data and tensors::
+
+    {"format": "sciformer-checkpoint", "version": 1,
+     "config": resolved experiment dict, "config_dir": str,
+     "data_info": {...}, "data_state": {...},
+     "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,
+     "epoch": int (completed epochs), "step_in_epoch": int, "global_step": int,
+     "best": {"metric": str, "value": float, "epoch": int},
+     "rng": {...}}
+
+Anything else (a foreign file, a truncated file, a pickle with code) is refused with
+a one-line :class:`~sciformer.errors.CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sciformer.errors import CheckpointError
+from sciformer.utils.atomic import atomic_write_with
+
+FORMAT = "sciformer-checkpoint"
+VERSION = 1
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` (plus format tags) atomically to ``path``."""
+    data = {"format": FORMAT, "version": VERSION, **payload}
+    atomic_write_with(path, lambda tmp: torch.save(data, tmp))
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load and check a checkpoint; never executes code from the file."""
+    path = Path(path)
+    if path.is_dir():
+        candidate = path / "checkpoints" / "last.pt"
+        if not candidate.exists():
+            raise CheckpointError(f"'{path}' is a directory without checkpoints/last.pt")
+        path = candidate
+    if not path.exists():
+        raise CheckpointError(f"checkpoint '{path}' does not exist")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe content"
+        raise CheckpointError(f"checkpoint '{path}' was refused: it holds objects other than tensors and plain data ({first[:160]})") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure means a damaged or foreign file
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"'{path}' is not a sciformer checkpoint (no '{FORMAT}' tag)")
+    if data.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint '{path}' has format version {data.get('version')}; this sciformer reads version {VERSION}")
+    for key in ("config", "model", "data_info"):
+        if key not in data:
+            raise CheckpointError(f"checkpoint '{path}' lacks '{key}'")
+    return data

@@ -1,0 +1,113 @@
+"""One training epoch and one evaluation pass, shared by every task."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from sciformer.data.base import Batch
+from sciformer.engine.metrics import ConfusionMatrix, Scores
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """Move every tensor of a batch dict to ``device``."""
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager[Any]:
+    """Mixed-precision context: bf16 on CPU or CUDA, fp16 on CUDA only; ``none`` is a no-op."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def progress(iterable: Iterable[Any], *, total: int | None, desc: str, mode: str) -> Iterable[Any]:
+    """A tqdm bar on a terminal (``auto``), always, or never."""
+    enabled = mode == "always" or (mode == "auto" and sys.stderr.isatty())
+    return tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True) if enabled else iterable
+
+
+def train_steps(
+    model: nn.Module,
+    batches: Iterator[Batch],
+    *,
+    loss_fn: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+    device: torch.device,
+    amp: str,
+    grad_clip: float | None,
+    on_step: Callable[[float, int], None] | None = None,
+) -> tuple[float, int]:
+    """Run optimisation steps over ``batches``; returns (summed loss x samples, samples).
+
+    ``on_step(loss_sum, count)`` is called after every optimiser step with the running
+    totals (checkpointing, signal handling).
+    """
+    model.train()
+    loss_sum, count = 0.0, 0
+    for i, batch in enumerate(batches):
+        batch = to_device(batch, device)
+        target = batch["target"].reshape(-1)  # (n,)
+        with autocast(device, amp):
+            logits = model(batch)  # (n, C)
+            loss = loss_fn(logits.float(), target)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss became {loss.item()} at step {i}; lower optimizer.lr or set train.grad_clip")
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        if grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        scheduler.step()
+        n = int((target != loss_fn.ignore_index).sum()) if hasattr(loss_fn, "ignore_index") else target.numel()
+        loss_sum += float(loss.detach()) * n
+        count += n
+        if on_step is not None:
+            on_step(loss_sum, count)
+    return loss_sum, count
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    *,
+    num_classes: int,
+    ignore_index: int,
+    loss_fn: nn.Module | None,
+    device: torch.device,
+    amp: str = "none",
+) -> tuple[Scores, float]:
+    """Confusion-matrix scores and mean loss of ``model`` over ``batches``."""
+    model.eval()
+    confusion = ConfusionMatrix(num_classes, ignore_index)
+    loss_sum, count = 0.0, 0
+    for batch in batches:
+        batch = to_device(batch, device)
+        target = batch["target"].reshape(-1)  # (n,)
+        with autocast(device, amp):
+            logits = model(batch).float()  # (n, C)
+        confusion.update(logits.argmax(dim=1), target)
+        if loss_fn is not None:
+            n = int((target != ignore_index).sum())
+            if n:
+                loss_sum += float(loss_fn(logits, target)) * n
+                count += n
+    return confusion.compute(), (loss_sum / count if count else float("nan"))

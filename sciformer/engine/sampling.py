@@ -1,0 +1,61 @@
+"""Resumable, reproducible batch order.
+
+The order of epoch ``e`` depends only on ``(seed, e)``, so a run resumed from a
+mid-epoch checkpoint skips exactly the batches it had done. With several processes
+each rank takes an interleaved share of every global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+from sciformer.engine.runtime import epoch_seed
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Yields index batches of one epoch, starting at batch ``start``.
+
+    A training batch of a single sample (which breaks batch normalisation) is dropped.
+    """
+
+    def __init__(
+        self,
+        length: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_singleton: bool = True,
+        max_batches: int | None = None,
+    ) -> None:
+        self.length, self.batch_size, self.shuffle = length, batch_size, shuffle
+        self.seed, self.epoch, self.start = seed, epoch, start
+        self.rank, self.world_size = rank, world_size
+        self.drop_singleton, self.max_batches = drop_singleton, max_batches
+
+    def _global_batches(self) -> list[torch.Tensor]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+            order = torch.randperm(self.length, generator=gen)
+        else:
+            order = torch.arange(self.length)
+        batches = list(order.split(self.batch_size * self.world_size))
+        if self.drop_singleton and batches and len(batches[-1]) < 2 * self.world_size:
+            batches.pop()
+        if self.max_batches is not None:
+            batches = batches[: self.max_batches]
+        return batches
+
+    def __len__(self) -> int:
+        return max(0, len(self._global_batches()) - self.start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self._global_batches()[self.start :]:
+            yield batch[self.rank :: self.world_size].tolist()

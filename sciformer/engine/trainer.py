@@ -1,0 +1,315 @@
+"""The training run: epochs, validation, checkpoints, resume, final test evaluation.
+
+Run folder layout::
+
+    config.yaml             resolved experiment (defaults filled in)
+    env.json                versions, device, seed, command line
+    metrics.csv             one row per epoch
+    checkpoints/last.pt     latest state (every epoch and every N steps), atomic
+    checkpoints/best.pt     best on validation (never on test)
+    metrics.json            test evaluation of best.pt (+ per_class.csv, confusion_matrix.csv)
+    predictions/            task outputs (maps, point files)
+    + task artifacts        split masks, protocol
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from sciformer.config import Experiment
+from sciformer.data.base import TaskData
+from sciformer.engine import builders
+from sciformer.engine.checkpoint import save_checkpoint
+from sciformer.engine.loops import autocast, evaluate, progress, to_device, train_steps
+from sciformer.engine.metrics import Scores, format_table
+from sciformer.engine.report import write_evaluation
+from sciformer.engine.runtime import capture_rng, environment, epoch_seed, pick_device, restore_rng, seed_everything
+from sciformer.engine.sampling import EpochBatchSampler
+from sciformer.errors import SciformerError
+from sciformer.utils.atomic import atomic_write_text
+
+CSV_FIELDS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_oa", "val_aa", "val_kappa", "val_miou", "epoch_time_s"]
+
+
+class Interrupted(SciformerError):
+    """Training stopped by SIGINT/SIGTERM after writing a checkpoint."""
+
+    exit_code = 130
+
+
+class RunFolderError(SciformerError):
+    """The run folder cannot be used as asked."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    test: dict[str, Any]
+    best_epoch: int
+
+
+def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None) -> DataLoader:
+    dataset = task.dataset(split)
+    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train, max_batches=max_batches)
+    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False)
+
+
+def _predict_fn(model: nn.Module, device: torch.device, amp: str):
+    @torch.no_grad()
+    def predict(batch: dict[str, Any]) -> torch.Tensor:
+        model.eval()
+        with autocast(device, amp):
+            return model(to_device(batch, device)).float()
+
+    return predict
+
+
+class _StopFlag:
+    """Turns SIGINT/SIGTERM into a flag checked between steps."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # second signal: stop at once
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    """Trains one experiment into one run folder."""
+
+    def __init__(self, exp: Experiment, run_dir: Path, *, resume_state: dict[str, Any] | None = None, log=print) -> None:
+        self.exp, self.cfg, self.run_dir, self.log = exp, exp.cfg, run_dir, log
+        self.resume_state = resume_state
+        t = self.cfg.train
+        if t.threads is not None:
+            torch.set_num_threads(t.threads)
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.benchmark = False
+        self.device = pick_device(t.device)
+        if t.amp == "fp16" and self.device.type != "cuda":
+            raise SciformerError("train.amp: fp16 needs a CUDA device; use bf16 or none on CPU")
+        seed_everything(t.seed)
+        self.task = builders.build_task(exp)
+        self.info = self.task.info
+        self.model = builders.build_model(exp, self.info).to(self.device)
+        self.loss_fn = nn.CrossEntropyLoss(ignore_index=self.task.ignore_index, label_smoothing=t.label_smoothing)
+        self.optimizer = builders.build_optimizer(self.cfg.optimizer, self.model)
+        n_train = len(self.task.dataset("train"))
+        if n_train < 2:
+            raise SciformerError(f"data: the training split has {n_train} samples; need at least 2")
+        self.steps_per_epoch = len(EpochBatchSampler(n_train, t.batch_size, shuffle=True, max_batches=t.max_steps_per_epoch))
+        self.scheduler = builders.build_scheduler(self.cfg.schedule, self.optimizer, self.steps_per_epoch, t.epochs)
+        self.scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
+        self.has_val = len(self.task.dataset("val")) > 0
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.partial = (0.0, 0)  # loss sum and count of the epoch in progress
+        self.best = {"metric": t.monitor, "value": None, "epoch": -1}
+        self.history: list[dict[str, Any]] = []
+        self._rng_to_restore: dict[str, Any] | None = None
+        if resume_state is not None:
+            self._restore(resume_state)
+
+    # ------------------------------------------------------------------ state
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "config": self.exp.to_dict(),
+            "config_dir": str(self.exp.base_dir),
+            "data_info": builders.data_info_to_dict(self.info),
+            "data_state": self.task.state(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step,
+            "partial": list(self.partial),
+            "best": dict(self.best),
+            "history": list(self.history),
+            "rng": capture_rng(),
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.epoch = int(state["epoch"])
+        self.step_in_epoch = int(state.get("step_in_epoch", 0))
+        self.global_step = int(state["global_step"])
+        self.partial = tuple(state.get("partial", (0.0, 0)))  # type: ignore[assignment]
+        self.best = dict(state["best"])
+        self.history = [dict(row) for row in state.get("history", [])]
+        self._rng_to_restore = state.get("rng")
+
+    def _save(self, name: str) -> None:
+        save_checkpoint(self.run_dir / "checkpoints" / name, self._payload())
+
+    # ------------------------------------------------------------------ files
+    def _write_metrics_csv(self) -> None:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in self.history:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+        atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
+
+    def _prepare_run_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.run_dir / "config.yaml", self.exp.to_yaml())
+        env = environment(self.device, self.cfg.train.seed)
+        env["resumed_from_epoch"] = self.epoch if self.resume_state is not None else None
+        atomic_write_text(self.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
+        self.task.save_artifacts(self.run_dir)
+
+    # ------------------------------------------------------------------ loop
+    def _improved(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        best = self.best["value"]
+        if best is None:
+            return True
+        return value < best if self.best["metric"] == "loss" else value > best
+
+    def _epoch_batches(self) -> Iterator[dict[str, Any]]:
+        t = self.cfg.train
+        loader = make_loader(self.task, "train", t.batch_size, train=True, seed=t.seed, epoch=self.epoch, start=self.step_in_epoch, workers=t.num_workers, max_batches=t.max_steps_per_epoch)
+        return iter(progress(loader, total=len(loader), desc=f"epoch {self.epoch + 1}/{t.epochs}", mode=t.progress))
+
+    def fit(self) -> RunResult:
+        t = self.cfg.train
+        self._prepare_run_dir()
+        self.log(f"run folder: {self.run_dir}")
+        for key, value in self.task.describe().items():
+            self.log(f"  {key}: {value}")
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.log(f"model {self.cfg.model.name}: {n_params:,} parameters on {self.device}")
+        with _StopFlag() as stop:
+            while self.epoch < t.epochs:
+                if self.step_in_epoch == 0:
+                    seed_everything(epoch_seed(t.seed, self.epoch))
+                    self.partial = (0.0, 0)
+                start = time.perf_counter()
+                batches = self._epoch_batches()
+                if self._rng_to_restore is not None:
+                    restore_rng(self._rng_to_restore)
+                    self._rng_to_restore = None
+                loss_sum, count = self._run_epoch(batches, stop)
+                self.epoch += 1
+                self.step_in_epoch = 0
+                self.partial = (0.0, 0)
+                row: dict[str, Any] = {"epoch": self.epoch, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss_sum / max(count, 1)}
+                stop_early = False
+                if self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs):
+                    scores, val_loss = self._evaluate("val")
+                    row.update(val_loss=val_loss, val_oa=scores.oa, val_aa=scores.aa, val_kappa=scores.kappa, val_miou=scores.miou)
+                    value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
+                    if self._improved(value):
+                        self.best.update(value=float(value), epoch=self.epoch)
+                        self._save("best.pt")
+                    elif t.early_stop_patience and (self.epoch - self.best["epoch"]) >= t.early_stop_patience * t.val_every:
+                        stop_early = True
+                elif not self.has_val:
+                    self.best.update(value=None, epoch=self.epoch)
+                    self._save("best.pt")
+                row["epoch_time_s"] = round(time.perf_counter() - start, 3)
+                self.history.append(row)
+                self._write_metrics_csv()
+                self._save("last.pt")
+                self.log(_epoch_line(row, t.epochs))
+                if stop_early:
+                    self.log(f"early stop: no validation improvement for {t.early_stop_patience} validations")
+                    break
+        return self._final_evaluation()
+
+    def _run_epoch(self, batches: Iterator[dict[str, Any]], stop: _StopFlag) -> tuple[float, int]:
+        """Train over ``batches``; returns the epoch's loss sum and count (resumed part included)."""
+        t = self.cfg.train
+        base_sum, base_count = self.partial
+
+        def on_step(loss_sum: float, count: int) -> None:
+            self.step_in_epoch += 1
+            self.global_step += 1
+            self.partial = (base_sum + loss_sum, base_count + count)
+            if stop.signal is not None:
+                self._save("last.pt")
+                raise Interrupted(
+                    f"stopped by signal {stop.signal} at epoch {self.epoch + 1}, step {self.step_in_epoch}; "
+                    f"checkpoint written, continue with: sciformer train --resume {self.run_dir}"
+                )
+            if t.checkpoint_every_steps and self.global_step % t.checkpoint_every_steps == 0:
+                self._save("last.pt")
+
+        train_steps(self.model, batches, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=self.scheduler,
+                    scaler=self.scaler, device=self.device, amp=t.amp, grad_clip=t.grad_clip, on_step=on_step)
+        return self.partial
+
+    def _evaluate(self, split: str) -> tuple[Scores, float]:
+        t = self.cfg.train
+        loader = make_loader(self.task, split, self.cfg.evaluation.batch_size, train=False, seed=t.seed, workers=t.num_workers)
+        return evaluate(self.model, progress(loader, total=len(loader), desc=f"eval {split}", mode=t.progress),
+                        num_classes=self.info.num_classes, ignore_index=self.task.ignore_index, loss_fn=self.loss_fn, device=self.device, amp=t.amp)
+
+    def _final_evaluation(self) -> RunResult:
+        from sciformer.engine.checkpoint import load_checkpoint
+
+        best_path = self.run_dir / "checkpoints" / "best.pt"
+        state = load_checkpoint(best_path)
+        self.model.load_state_dict(state["model"])
+        result = evaluate_and_export(self.exp, self.task, self.model, self.device, self.run_dir,
+                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"]}, log=self.log)
+        return RunResult(self.run_dir, result, int(state["best"]["epoch"]))
+
+
+def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *, extra: dict[str, Any] | None = None, log=print) -> dict[str, Any]:
+    """Evaluate on ``evaluation.split``, write metrics files and task predictions into ``out_dir``."""
+    cfg = exp.cfg
+    split = cfg.evaluation.split
+    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers)
+    start = time.perf_counter()
+    scores, loss = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress),
+                            num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp)
+    facts = {"protocol": task.describe(), "eval_time_s": round(time.perf_counter() - start, 3), **(extra or {})}
+    facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export) or {})
+    payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
+    log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name})"))
+    return payload
+
+
+def _epoch_line(row: dict[str, Any], epochs: int) -> str:
+    parts = [f"epoch {row['epoch']}/{epochs}", f"loss {row['train_loss']:.4f}"]
+    if row.get("val_oa") is not None:
+        parts += [f"val_loss {row['val_loss']:.4f}", f"val_oa {100 * row['val_oa']:.2f}", f"val_aa {100 * row['val_aa']:.2f}"]
+    parts += [f"lr {row['lr']:.2e}", f"{row['epoch_time_s']:.1f}s"]
+    return "  ".join(parts)

@@ -1,0 +1,100 @@
+"""Safe YAML loading with YAML 1.2 scalars and one-line errors.
+
+PyYAML follows YAML 1.1: ``1e-3`` loads as a string and ``on``/``off``/``yes``/``no``
+as booleans. Experiment files expect YAML 1.2 behaviour, so this loader reads
+exponent floats without a dot as floats and keeps ``on``/``yes`` as strings.
+Only plain data is constructed: ``!!python/...`` tags are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sciformer.errors import ConfigError
+
+_FLOAT_12 = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_MAX_EXPANDED_NODES = 100_000  # guards against "billion laughs" alias bombs
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 float and bool resolution."""
+
+
+# Drop the YAML 1.1 resolvers for bool and float, then add the 1.2 ones.
+_Loader.yaml_implicit_resolvers = {
+    key: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_12, list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+def loads(text: str, *, source: str = "<string>") -> Any:
+    """Parse YAML text safely; errors become one-line :class:`ConfigError` naming ``source``."""
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
+    size = _expanded_size(data, {})
+    if size > _MAX_EXPANDED_NODES:
+        raise ConfigError(f"{source}: YAML aliases expand to more than {_MAX_EXPANDED_NODES:,} values; refusing it")
+    return data
+
+
+def _expanded_size(node: Any, memo: dict[int, int]) -> int:
+    """Number of values once aliases are expanded (shared nodes counted every time)."""
+    if not isinstance(node, (dict, list)):
+        return 1
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = _MAX_EXPANDED_NODES + 1  # a self-referencing node counts as too large
+    children = node.values() if isinstance(node, dict) else node
+    total = 1
+    for child in children:
+        total += _expanded_size(child, memo)
+        if total > _MAX_EXPANDED_NODES:
+            break
+    memo[key] = total
+    return total
+
+
+def load_file(path: Path) -> Any:
+    """Read and parse a YAML file; missing, unreadable, binary or non-UTF-8 files raise ConfigError."""
+    if not path.exists():
+        raise ConfigError(f"config file '{path}' does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory; expected a YAML file")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
+    if b"\x00" in raw:
+        raise ConfigError(f"config file '{path}' is binary; expected a YAML text file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {exc.start})") from None
+    return loads(text, source=str(path))
+
+
+def dumps(data: Any) -> str:
+    """Dump plain data as block-style YAML with keys in insertion order."""
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

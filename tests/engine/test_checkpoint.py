@@ -1,0 +1,54 @@
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
+from sciformer.errors import CheckpointError
+
+
+def _payload() -> dict:
+    return {"config": {"name": "x"}, "data_info": {"num_classes": 2}, "model": {"w": torch.arange(4.0)}, "epoch": 1}
+
+
+def test_round_trip_and_no_temporary_left(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints" / "last.pt"
+    save_checkpoint(path, _payload())
+    save_checkpoint(path, {**_payload(), "epoch": 2})  # overwrite atomically
+    data = load_checkpoint(path)
+    assert data["epoch"] == 2 and torch.equal(data["model"]["w"], torch.arange(4.0))
+    assert os.listdir(path.parent) == ["last.pt"]
+    assert load_checkpoint(tmp_path)["epoch"] == 2  # a run folder resolves to checkpoints/last.pt
+
+
+def test_truncated_foreign_and_missing(tmp_path: Path) -> None:
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, _payload())
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated or not a torch file"):
+        load_checkpoint(truncated)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(CheckpointError, match="not a sciformer checkpoint"):
+        load_checkpoint(foreign)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.pt")
+    text = tmp_path / "text.pt"
+    text.write_text("hello")
+    with pytest.raises(CheckpointError, match="truncated or not a torch file"):
+        load_checkpoint(text)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickled_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "sciformer-checkpoint", "version": 1, "config": {}, "model": {}, "data_info": {}, "x": _Payload()}, path, pickle_protocol=pickle.DEFAULT_PROTOCOL)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_checkpoint(path)
