@@ -87,7 +87,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(exp.to_yaml(), end="")
         return 0
-    Trainer(exp, run_dir, resume_state=state).fit()
+    from sciformer.engine.distributed import shutdown
+
+    trainer = Trainer(exp, run_dir, resume_state=state)
+    try:
+        trainer.fit()
+    finally:
+        shutdown(trainer.dist)
     return 0
 
 

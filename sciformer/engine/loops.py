@@ -12,7 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from sciformer.data.base import Batch
-from sciformer.engine.metrics import ConfusionMatrix, Scores
+from sciformer.engine.metrics import ConfusionMatrix
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -94,8 +94,11 @@ def evaluate(
     loss_fn: nn.Module | None,
     device: torch.device,
     amp: str = "none",
-) -> tuple[Scores, float]:
-    """Confusion-matrix scores and mean loss of ``model`` over ``batches``."""
+) -> tuple[ConfusionMatrix, float, int]:
+    """Confusion matrix, summed loss and labelled count of ``model`` over ``batches``.
+
+    Sums (rather than means) so results of several processes add up exactly.
+    """
     model.eval()
     confusion = ConfusionMatrix(num_classes, ignore_index)
     loss_sum, count = 0.0, 0
@@ -110,4 +113,4 @@ def evaluate(
             if n:
                 loss_sum += float(loss_fn(logits, target)) * n
                 count += n
-    return confusion.compute(), (loss_sum / count if count else float("nan"))
+    return confusion, loss_sum, count

@@ -1,8 +1,9 @@
 """Resumable, reproducible batch order.
 
 The order of epoch ``e`` depends only on ``(seed, e)``, so a run resumed from a
-mid-epoch checkpoint skips exactly the batches it had done. With several processes
-each rank takes an interleaved share of every global batch.
+mid-epoch checkpoint skips exactly the batches it had done. ``batch_size`` is the
+global batch: with several processes each rank takes an interleaved share of it, so
+the union over ranks is the batch a single process would see.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class EpochBatchSampler(Sampler[list[int]]):
             order = torch.randperm(self.length, generator=gen)
         else:
             order = torch.arange(self.length)
-        batches = list(order.split(self.batch_size * self.world_size))
+        batches = list(order.split(self.batch_size))
         if self.drop_singleton and batches and len(batches[-1]) < 2 * self.world_size:
             batches.pop()
         if self.max_batches is not None:
@@ -58,4 +59,6 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self._global_batches()[self.start :]:
-            yield batch[self.rank :: self.world_size].tolist()
+            share = batch[self.rank :: self.world_size].tolist()
+            if share:
+                yield share

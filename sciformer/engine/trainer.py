@@ -32,9 +32,10 @@ from torch.utils.data import DataLoader
 from sciformer.config import Experiment
 from sciformer.data.base import TaskData
 from sciformer.engine import builders
-from sciformer.engine.checkpoint import save_checkpoint
+from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
+from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.loops import autocast, evaluate, progress, to_device, train_steps
-from sciformer.engine.metrics import Scores, format_table
+from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table
 from sciformer.engine.report import write_evaluation
 from sciformer.engine.runtime import capture_rng, environment, epoch_seed, pick_device, restore_rng, seed_everything
 from sciformer.engine.sampling import EpochBatchSampler
@@ -61,9 +62,11 @@ class RunResult:
     best_epoch: int
 
 
-def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None) -> DataLoader:
+def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None, dist: DistContext = DistContext()) -> DataLoader:
+    """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch."""
     dataset = task.dataset(split)
-    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train, max_batches=max_batches)
+    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
+                                max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False)
 
@@ -76,6 +79,15 @@ def _predict_fn(model: nn.Module, device: torch.device, amp: str):
             return model(to_device(batch, device)).float()
 
     return predict
+
+
+def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
+    """Sum confusion matrices and losses over ranks; returns scores and mean loss."""
+    if dist.enabled:
+        dist.all_reduce_sum(confusion.matrix)
+        totals = dist.all_reduce_sum(torch.tensor([loss_sum, float(count)], dtype=torch.float64))
+        loss_sum, count = float(totals[0]), int(totals[1])
+    return confusion.compute(), (loss_sum / count if count else float("nan"))
 
 
 class _StopFlag:
@@ -107,27 +119,38 @@ class Trainer:
     """Trains one experiment into one run folder."""
 
     def __init__(self, exp: Experiment, run_dir: Path, *, resume_state: dict[str, Any] | None = None, log=print) -> None:
-        self.exp, self.cfg, self.run_dir, self.log = exp, exp.cfg, run_dir, log
+        self.exp, self.cfg, self.run_dir = exp, exp.cfg, run_dir
         self.resume_state = resume_state
         t = self.cfg.train
+        self.dist = init_distributed(t.device)
+        self.log = log if self.dist.is_main else (lambda *a, **k: None)
         if t.threads is not None:
             torch.set_num_threads(t.threads)
         if t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
             torch.backends.cudnn.benchmark = False
         self.device = pick_device(t.device)
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)
+        if self.dist.enabled and t.batch_size < 2 * self.dist.world_size:
+            raise SciformerError(f"train.batch_size {t.batch_size} is the global batch; with {self.dist.world_size} processes it must be at least {2 * self.dist.world_size}")
         if t.amp == "fp16" and self.device.type != "cuda":
             raise SciformerError("train.amp: fp16 needs a CUDA device; use bf16 or none on CPU")
         seed_everything(t.seed)
         self.task = builders.build_task(exp)
         self.info = self.task.info
         self.model = builders.build_model(exp, self.info).to(self.device)
+        self.net: nn.Module = self.model  # what the training loop calls (DDP-wrapped when distributed)
+        if self.dist.enabled:
+            if self.device.type == "cuda":
+                self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+            self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.loss_fn = nn.CrossEntropyLoss(ignore_index=self.task.ignore_index, label_smoothing=t.label_smoothing)
         self.optimizer = builders.build_optimizer(self.cfg.optimizer, self.model)
         n_train = len(self.task.dataset("train"))
         if n_train < 2:
             raise SciformerError(f"data: the training split has {n_train} samples; need at least 2")
-        self.steps_per_epoch = len(EpochBatchSampler(n_train, t.batch_size, shuffle=True, max_batches=t.max_steps_per_epoch))
+        self.steps_per_epoch = len(EpochBatchSampler(n_train, t.batch_size, shuffle=True, max_batches=t.max_steps_per_epoch, world_size=self.dist.world_size))
         self.scheduler = builders.build_scheduler(self.cfg.schedule, self.optimizer, self.steps_per_epoch, t.epochs)
         self.scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
         self.has_val = len(self.task.dataset("val")) > 0
@@ -140,7 +163,7 @@ class Trainer:
             self._restore(resume_state)
 
     # ------------------------------------------------------------------ state
-    def _payload(self) -> dict[str, Any]:
+    def _payload(self, partial: tuple[float, int]) -> dict[str, Any]:
         return {
             "config": self.exp.to_dict(),
             "config_dir": str(self.exp.base_dir),
@@ -153,7 +176,7 @@ class Trainer:
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "global_step": self.global_step,
-            "partial": list(self.partial),
+            "partial": list(partial),
             "best": dict(self.best),
             "history": list(self.history),
             "rng": capture_rng(),
@@ -168,16 +191,22 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.step_in_epoch = int(state.get("step_in_epoch", 0))
         self.global_step = int(state["global_step"])
-        self.partial = tuple(state.get("partial", (0.0, 0)))  # type: ignore[assignment]
+        # the stored partial loss is global: rank 0 carries it, the others start from zero
+        self.partial = tuple(state.get("partial", (0.0, 0))) if self.dist.is_main else (0.0, 0)  # type: ignore[assignment]
         self.best = dict(state["best"])
         self.history = [dict(row) for row in state.get("history", [])]
         self._rng_to_restore = state.get("rng")
 
-    def _save(self, name: str) -> None:
-        save_checkpoint(self.run_dir / "checkpoints" / name, self._payload())
+    def _save(self, name: str, partial: tuple[float, int] = (0.0, 0)) -> None:
+        """Write a checkpoint (rank 0); ``partial`` is the global loss sum/count of the epoch in progress."""
+        if self.dist.is_main:
+            save_checkpoint(self.run_dir / "checkpoints" / name, self._payload(partial))
+        self.dist.barrier()
 
     # ------------------------------------------------------------------ files
     def _write_metrics_csv(self) -> None:
+        if not self.dist.is_main:
+            return
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
@@ -186,9 +215,12 @@ class Trainer:
         atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
 
     def _prepare_run_dir(self) -> None:
+        if not self.dist.is_main:
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.yaml", self.exp.to_yaml())
         env = environment(self.device, self.cfg.train.seed)
+        env["world_size"] = self.dist.world_size
         env["resumed_from_epoch"] = self.epoch if self.resume_state is not None else None
         atomic_write_text(self.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
         self.task.save_artifacts(self.run_dir)
@@ -204,7 +236,8 @@ class Trainer:
 
     def _epoch_batches(self) -> Iterator[dict[str, Any]]:
         t = self.cfg.train
-        loader = make_loader(self.task, "train", t.batch_size, train=True, seed=t.seed, epoch=self.epoch, start=self.step_in_epoch, workers=t.num_workers, max_batches=t.max_steps_per_epoch)
+        loader = make_loader(self.task, "train", t.batch_size, train=True, seed=t.seed, epoch=self.epoch, start=self.step_in_epoch,
+                             workers=t.num_workers, max_batches=t.max_steps_per_epoch, dist=self.dist)
         return iter(progress(loader, total=len(loader), desc=f"epoch {self.epoch + 1}/{t.epochs}", mode=t.progress))
 
     def fit(self) -> RunResult:
@@ -262,48 +295,61 @@ class Trainer:
             self.step_in_epoch += 1
             self.global_step += 1
             self.partial = (base_sum + loss_sum, base_count + count)
-            if stop.signal is not None:
-                self._save("last.pt")
+            stopping = self.dist.any(stop.signal is not None, self.device)
+            if stopping or (t.checkpoint_every_steps and self.global_step % t.checkpoint_every_steps == 0):
+                self._save("last.pt", partial=self._reduced(self.partial))
+            if stopping:
                 raise Interrupted(
-                    f"stopped by signal {stop.signal} at epoch {self.epoch + 1}, step {self.step_in_epoch}; "
+                    f"stopped by signal {stop.signal or 'on another rank'} at epoch {self.epoch + 1}, step {self.step_in_epoch}; "
                     f"checkpoint written, continue with: sciformer train --resume {self.run_dir}"
                 )
-            if t.checkpoint_every_steps and self.global_step % t.checkpoint_every_steps == 0:
-                self._save("last.pt")
 
-        train_steps(self.model, batches, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=self.scheduler,
+        train_steps(self.net, batches, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=self.scheduler,
                     scaler=self.scaler, device=self.device, amp=t.amp, grad_clip=t.grad_clip, on_step=on_step)
-        return self.partial
+        return self._reduced(self.partial)
+
+    def _reduced(self, partial: tuple[float, int]) -> tuple[float, int]:
+        """Loss sum and count summed over ranks."""
+        if not self.dist.enabled:
+            return partial
+        totals = self.dist.all_reduce_sum(torch.tensor(partial, dtype=torch.float64))
+        return float(totals[0]), int(totals[1])
 
     def _evaluate(self, split: str) -> tuple[Scores, float]:
         t = self.cfg.train
-        loader = make_loader(self.task, split, self.cfg.evaluation.batch_size, train=False, seed=t.seed, workers=t.num_workers)
-        return evaluate(self.model, progress(loader, total=len(loader), desc=f"eval {split}", mode=t.progress),
-                        num_classes=self.info.num_classes, ignore_index=self.task.ignore_index, loss_fn=self.loss_fn, device=self.device, amp=t.amp)
+        loader = make_loader(self.task, split, self.cfg.evaluation.batch_size, train=False, seed=t.seed, workers=t.num_workers, dist=self.dist)
+        mode = t.progress if self.dist.is_main else "never"
+        confusion, loss_sum, count = evaluate(self.model, progress(loader, total=len(loader), desc=f"eval {split}", mode=mode),
+                                              num_classes=self.info.num_classes, ignore_index=self.task.ignore_index, loss_fn=self.loss_fn, device=self.device, amp=t.amp)
+        return reduce_evaluation(confusion, loss_sum, count, self.dist)
 
     def _final_evaluation(self) -> RunResult:
-        from sciformer.engine.checkpoint import load_checkpoint
-
         best_path = self.run_dir / "checkpoints" / "best.pt"
         state = load_checkpoint(best_path)
         self.model.load_state_dict(state["model"])
         result = evaluate_and_export(self.exp, self.task, self.model, self.device, self.run_dir,
-                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"]}, log=self.log)
+                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"]},
+                                     log=self.log, dist=self.dist)
         return RunResult(self.run_dir, result, int(state["best"]["epoch"]))
 
 
-def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *, extra: dict[str, Any] | None = None, log=print) -> dict[str, Any]:
-    """Evaluate on ``evaluation.split``, write metrics files and task predictions into ``out_dir``."""
+def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
+                        extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext()) -> dict[str, Any]:
+    """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
     cfg = exp.cfg
     split = cfg.evaluation.split
-    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers)
+    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist)
     start = time.perf_counter()
-    scores, loss = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress),
-                            num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp)
-    facts = {"protocol": task.describe(), "eval_time_s": round(time.perf_counter() - start, 3), **(extra or {})}
-    facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export) or {})
-    payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
-    log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name})"))
+    confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),
+                                          num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp)
+    scores, _ = reduce_evaluation(confusion, loss_sum, count, dist)
+    payload: dict[str, Any] = {}
+    if dist.is_main:
+        facts = {"protocol": task.describe(), "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
+        facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export) or {})
+        payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
+        log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name})"))
+    dist.barrier()
     return payload
 
 

@@ -22,7 +22,7 @@ def test_singleton_batch_dropped_only_in_training() -> None:
 
 
 def test_ranks_partition_each_global_batch() -> None:
-    ranks = [list(EpochBatchSampler(40, 4, shuffle=True, seed=1, rank=r, world_size=2)) for r in range(2)]
+    ranks = [list(EpochBatchSampler(40, 8, shuffle=True, seed=1, rank=r, world_size=2)) for r in range(2)]
     whole = list(EpochBatchSampler(40, 8, shuffle=True, seed=1))
     for b0, b1, g in zip(ranks[0], ranks[1], whole):
         assert sorted(b0 + b1) == sorted(g)

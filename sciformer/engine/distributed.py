@@ -1,0 +1,75 @@
+"""Data-parallel training with PyTorch's own engine (DistributedDataParallel).
+
+``torchrun --nproc-per-node N -m sciformer train ...`` sets ``WORLD_SIZE``, ``RANK`` and
+``LOCAL_RANK``; :func:`init_distributed` joins the process group (gloo on CPU, nccl on
+GPU). ``train.batch_size`` is the global batch: every rank takes an interleaved share of
+each batch, metrics are reduced across ranks, and only rank 0 writes files or prints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from sciformer.errors import SciformerError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in the process group (a single process by default)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over ranks (in place on a CPU/communication-device copy); returns it."""
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank if ``flag`` is true on any rank."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([1 if flag else 0], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def init_distributed(device_name: str) -> DistContext:
+    """Join the process group when launched by torchrun; a no-op for a single process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistContext()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_name != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        try:
+            dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        except (RuntimeError, ValueError) as exc:
+            raise SciformerError(f"cannot join the process group (rank {rank} of {world_size}): {str(exc).splitlines()[0]}") from None
+    return DistContext(rank, world_size, local_rank)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
