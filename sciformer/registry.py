@@ -101,6 +101,7 @@ DATASETS = Registry("dataset")
 _BUILTIN_MODULES: tuple[str, ...] = (
     "sciformer.spectral.models",
     "sciformer.data.hsi.task",
+    "sciformer.data.pointcloud",
 )
 _loaded = False
 

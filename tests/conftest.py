@@ -97,6 +97,12 @@ if "toy_blobs" not in DATASETS._entries:
 
 
 @pytest.fixture
+def toy_model_class() -> type[nn.Module]:
+    """The toy model's class (tests patch its forward)."""
+    return ToyMLP
+
+
+@pytest.fixture
 def toy_config(tmp_path: Path) -> Path:
     """A tiny experiment YAML on the toy task."""
     path = tmp_path / "toy.yaml"

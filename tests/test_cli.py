@@ -41,15 +41,15 @@ def test_train_writes_a_complete_run(toy_config: Path, tmp_path: Path, capsys: p
 
 
 @pytest.mark.parametrize("stop_at_step", [3, 8, 13])
-def test_interrupted_then_resumed_run_matches_uninterrupted(toy_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at_step: int) -> None:
+def test_interrupted_then_resumed_run_matches_uninterrupted(
+    toy_config: Path, toy_model_class: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at_step: int
+) -> None:
     """SIGTERM mid-epoch (or at an epoch end) writes a checkpoint; --resume ends on identical weights."""
     straight, cut = tmp_path / "straight", tmp_path / "cut"
     assert main(["train", "-c", str(toy_config), "-o", str(straight)]) == 0
 
-    import conftest
-
     calls = {"n": 0}
-    original = conftest.ToyMLP.forward
+    original = toy_model_class.forward
 
     def forward(self, batch):
         if self.training:
@@ -58,11 +58,11 @@ def test_interrupted_then_resumed_run_matches_uninterrupted(toy_config: Path, tm
                 os.kill(os.getpid(), signal.SIGTERM)  # handled between steps: checkpoint, then exit 130
         return original(self, batch)
 
-    monkeypatch.setattr(conftest.ToyMLP, "forward", forward)
+    monkeypatch.setattr(toy_model_class, "forward", forward)
     assert main(["train", "-c", str(toy_config), "-o", str(cut)]) == 130
     stopped = load_checkpoint(cut / "checkpoints" / "last.pt")
     assert stopped["global_step"] == stop_at_step
-    monkeypatch.setattr(conftest.ToyMLP, "forward", original)
+    monkeypatch.setattr(toy_model_class, "forward", original)
     assert main(["train", "--resume", str(cut)]) == 0
     a = load_checkpoint(straight / "checkpoints" / "last.pt")
     b = load_checkpoint(cut / "checkpoints" / "last.pt")

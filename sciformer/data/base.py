@@ -81,7 +81,12 @@ class TaskData(ABC):
 
     @abstractmethod
     def dataset(self, split: str) -> Dataset:
-        """The torch dataset of ``split`` (one of ``train``, ``val``, ``test``)."""
+        """The torch dataset of ``split`` (one of ``train``, ``val``, ``test``).
+
+        A dataset with a ``set_epoch(epoch)`` method is told the epoch before each pass,
+        so random crops and augmentations depend only on (seed, epoch) and resumed runs
+        draw exactly what an uninterrupted run would.
+        """
 
     @abstractmethod
     def collate(self, items: list[Any]) -> Batch:
@@ -98,9 +103,10 @@ class TaskData(ABC):
     def save_artifacts(self, run_dir: Path) -> None:
         """Write split masks, protocol files and the like into the run folder."""
 
-    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any) -> dict[str, Any]:
-        """Write task-specific predictions (maps, point files) after evaluation.
+    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test") -> dict[str, Any]:
+        """Write task-specific predictions (maps, point files) of ``split`` after evaluation.
 
-        Returns extra facts to store in ``metrics.json`` (may be empty).
+        ``export`` has boolean attributes ``npy``, ``png``, ``envi``, ``ply``. Returns extra
+        facts to store in ``metrics.json`` (may be empty).
         """
         return {}

@@ -65,6 +65,8 @@ class RunResult:
 def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None, dist: DistContext = DistContext()) -> DataLoader:
     """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch."""
     dataset = task.dataset(split)
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
     sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
                                 max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
@@ -346,7 +348,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     payload: dict[str, Any] = {}
     if dist.is_main:
         facts = {"protocol": task.describe(), "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
-        facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export) or {})
+        facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split) or {})
         payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name})"))
     dist.barrier()

@@ -1,0 +1,144 @@
+"""Classification maps out: PNG with a legend, ENVI classification file, ``.npy``.
+
+Maps use the ground-truth convention: (H, W) integers, 0 = unclassified / unlabelled,
+class k (1..K) = ``class_names[k - 1]``. Colours: index 0 is black, classes take
+matplotlib's ``tab20`` palette (``hsv`` beyond 20 classes).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from sciformer.errors import DataError
+
+UNCLASSIFIED = "Unclassified"
+
+
+def class_colors(num_classes: int) -> np.ndarray:
+    """(K + 1, 3) uint8 colours; row 0 (unclassified) is black."""
+    import matplotlib
+
+    if num_classes <= 20:
+        cmap = matplotlib.colormaps["tab20"]
+        rgb = [cmap(i)[:3] for i in range(num_classes)]
+    else:
+        cmap = matplotlib.colormaps["hsv"]
+        rgb = [cmap(i / num_classes)[:3] for i in range(num_classes)]
+    colors = np.zeros((num_classes + 1, 3), dtype=np.uint8)
+    if num_classes:
+        colors[1:] = np.round(np.asarray(rgb) * 255).astype(np.uint8)
+    return colors
+
+
+def _check_map(label_map: np.ndarray, class_names: list[str], name: str = "map") -> np.ndarray:
+    m = np.asarray(label_map)
+    if m.ndim != 2 or m.dtype.kind not in "uib":
+        raise DataError(f"{name}: expected a 2-D integer label map, got shape {m.shape} dtype {m.dtype}")
+    if m.size and (m.min() < 0 or m.max() > len(class_names)):
+        raise DataError(
+            f"{name}: values must lie in 0..{len(class_names)} (0 = unclassified), found {m.min()}..{m.max()}"
+        )
+    return m.astype(np.int64)
+
+
+def save_map_npy(path: str | os.PathLike[str], label_map: np.ndarray) -> Path:
+    """Write the map as ``.npy`` (int64, 0 = unclassified)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.asarray(label_map, dtype=np.int64))
+    return path
+
+
+def render_map_figure(
+    label_map: np.ndarray,
+    class_names: list[str],
+    gt: np.ndarray | None = None,
+    title: str = "Prediction",
+):
+    """A matplotlib Figure: the map (and ``gt`` beside it) with a class legend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    m = _check_map(label_map, class_names)
+    panels = [(title, m)]
+    if gt is not None:
+        g = _check_map(gt, class_names, "gt")
+        if g.shape != m.shape:
+            raise DataError(f"gt: shape {g.shape} does not match the map's {m.shape}")
+        panels.append(("Ground truth", g))
+    k = len(class_names)
+    colors = class_colors(k) / 255.0
+    cmap = ListedColormap(colors)
+    h, w = m.shape
+    panel_w = 4.0 * min(2.0, max(0.5, w / max(h, 1)))
+    fig = Figure(figsize=(panel_w * len(panels) + 3.2, 4.4), dpi=120)
+    FigureCanvasAgg(fig)  # Agg canvas: no display, no global backend change
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, data) in zip(axes, panels):
+        ax.imshow(data, cmap=cmap, vmin=0, vmax=k, interpolation="nearest")
+        ax.set_title(name)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    handles = [
+        Patch(facecolor=colors[i + 1], edgecolor="black", linewidth=0.3, label=f"{i + 1} {n}")
+        for i, n in enumerate(class_names)
+    ]
+    fig.subplots_adjust(left=0.02, right=1.0 - 3.0 / fig.get_figwidth(), top=0.9, bottom=0.03, wspace=0.05)
+    fig.legend(
+        handles=handles, loc="center left", bbox_to_anchor=(1.0 - 2.9 / fig.get_figwidth(), 0.5),
+        fontsize=7, frameon=False, title="Classes",
+    )
+    return fig
+
+
+def save_map_png(
+    path: str | os.PathLike[str],
+    label_map: np.ndarray,
+    class_names: list[str],
+    gt: np.ndarray | None = None,
+    title: str = "Prediction",
+) -> Path:
+    """Write the map (beside ``gt`` when given) with a legend of class names and colours."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = render_map_figure(label_map, class_names, gt, title)
+    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.1)  # keeps long legend names
+    return path
+
+
+def save_map_envi(
+    hdr_path: str | os.PathLike[str],
+    label_map: np.ndarray,
+    class_names: list[str],
+    description: str = "sciformer classification map",
+) -> tuple[Path, Path]:
+    """Write an ENVI classification file (``.hdr`` + ``.img``) with class names and colours.
+
+    Class 0 is ``Unclassified``; the header's ``class names`` / ``class lookup`` hold all
+    ``K + 1`` entries. Returns (header path, data path).
+    """
+    import spectral.io.envi as envi
+
+    hdr_path = Path(hdr_path)
+    if hdr_path.suffix.lower() != ".hdr":
+        hdr_path = hdr_path.with_suffix(".hdr")
+    hdr_path.parent.mkdir(parents=True, exist_ok=True)
+    m = _check_map(label_map, class_names)
+    dtype = np.uint8 if len(class_names) < 256 else np.uint16
+    colors = class_colors(len(class_names))
+    envi.save_classification(
+        str(hdr_path),
+        m.astype(dtype),
+        dtype=dtype,
+        force=True,
+        ext=".img",
+        class_names=[UNCLASSIFIED, *class_names],
+        class_colors=[[int(v) for v in c] for c in colors],
+        metadata={"description": description},
+    )
+    return hdr_path, hdr_path.with_suffix(".img")

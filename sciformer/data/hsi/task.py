@@ -1,0 +1,525 @@
+"""The ``hsi_scene`` dataset: one labelled hyperspectral scene, split, normalised, patched.
+
+An experiment's ``data:`` section (every key optional; shown with its default)::
+
+    data:
+      name: hsi_scene
+      source: indian_pines        # built-in scene, or a file relative to the config file
+      image_key: null             # array names inside .mat/.npz files (found automatically)
+      label_key: null
+      label_path: null            # labels in a separate file
+      patch_size: 7               # odd
+      padding: reflect            # reflect | symmetric | edge | zero
+      normalise: standard         # standard | minmax | none, fitted on training pixels
+      pca_components: null        # e.g. 30; PCA fitted on training pixels
+      augment: {flip: true, rotate: true}   # training patches only; `augment: false` turns both off
+      split:
+        kind: blocks              # fixed | stratified | blocks
+        block_size: 12            # blocks: square tiles, ~train_fraction of each class to train
+        train_fraction: 0.5
+        margin: null              # blocks: drop test pixels this close to training pixels
+                                  #   (null = patch_size // 2: no test pixel inside a training window)
+        val_fraction: 0.1         # validation carved from training pixels (or val_per_class)
+        seed: null                # null = the run's seed
+
+Targets are 0-based class ids (label ``k >= 1`` in the files becomes ``k - 1``);
+unlabelled pixels never appear in a split.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sciformer.data.base import Batch, BuildContext, DataInfo, PredictFn, TaskData
+from sciformer.data.hsi.builtin import is_builtin, load_builtin
+from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
+from sciformer.data.hsi.normalize import Normalizer
+from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
+from sciformer.data.hsi.readers import Scene, list_arrays, open_container, read_labels, read_scene, validate_labels
+from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
+from sciformer.errors import ConfigError, DataError
+from sciformer.registry import DATASETS
+
+# ----------------------------------------------------------------------------- config
+
+_FIXED_ONLY = ("train_path", "test_path", "train_key", "test_key")
+_STRATIFIED_ONLY = ("train_per_class",)
+_BLOCKS_ONLY = ("block_size", "train_fraction", "margin")
+
+
+class SplitConfig(BaseModel):
+    """How labelled pixels are divided into train / val / test."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["fixed", "stratified", "blocks"] = "blocks"
+    # fixed: label maps of the training and test pixels (test_path defaults to train_path)
+    train_path: str | None = None
+    test_path: str | None = None
+    train_key: str | None = None  # null: 'TR' if present, else the only 2-D integer array
+    test_key: str | None = None  # null: 'TE' if present, else the only 2-D integer array
+    # stratified: int = pixels per class, float in (0, 1) = fraction per class
+    train_per_class: int | float = 0.1
+    # blocks
+    block_size: int = Field(12, ge=1)
+    train_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    margin: int | None = Field(None, ge=0)
+    # validation, from training pixels only
+    val_fraction: float | None = Field(0.1, ge=0.0, lt=1.0)
+    val_per_class: int | None = Field(None, ge=0)
+    seed: int | None = None
+
+    @field_validator("train_per_class", mode="before")
+    @classmethod
+    def _count_or_fraction(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected an int count or a float fraction in (0, 1), got a boolean")
+        return v
+
+    @field_validator("train_per_class")
+    @classmethod
+    def _check_train_per_class(cls, v: int | float) -> int | float:
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError(f"an int is a pixel count per class and must be >= 1, got {v}")
+        elif not 0.0 < v < 1.0:
+            raise ValueError(f"a float is a fraction per class and must be in (0, 1), got {v}; use an int for a count")
+        return v
+
+    @model_validator(mode="after")
+    def _check_kind_options(self) -> SplitConfig:
+        given = self.model_fields_set
+        own = {"fixed": _FIXED_ONLY, "stratified": _STRATIFIED_ONLY, "blocks": _BLOCKS_ONLY}
+        fields = type(self).model_fields
+        for kind, keys in own.items():
+            if kind == self.kind:
+                continue
+            for key in keys:  # a dumped config repeats defaults: only a changed value is an error
+                if key in given and getattr(self, key) != fields[key].default:
+                    raise ValueError(f"split.{key} applies to kind '{kind}', not to kind '{self.kind}'")
+        if self.kind == "fixed" and not self.train_path:
+            raise ValueError("split.train_path is required for kind 'fixed' (a file with the training label map)")
+        if "val_per_class" in given and self.val_per_class is not None:
+            if "val_fraction" in given and self.val_fraction is not None:
+                raise ValueError("give split.val_fraction or split.val_per_class, not both")
+            self.val_fraction = None
+        return self
+
+
+class AugmentConfig(BaseModel):
+    """Random flips / 90-degree rotations of training patches."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    flip: bool = True
+    rotate: bool = True
+
+
+class HSISceneConfig(BaseModel):
+    """Parameters of the ``hsi_scene`` dataset (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = "indian_pines"
+    image_key: str | None = None
+    label_key: str | None = None
+    label_path: str | None = None
+    wavelength_key: str | None = None
+    class_names: list[str] | None = None
+    patch_size: int = 7
+    padding: Literal["reflect", "symmetric", "edge", "zero"] = "reflect"
+    normalise: Literal["standard", "minmax", "none"] = "standard"
+    pca_components: int | None = Field(None, ge=1)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+
+    @field_validator("source")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("expected a built-in scene name (indian_pines) or a file path")
+        return v
+
+    @field_validator("patch_size")
+    @classmethod
+    def _odd(cls, v: int) -> int:
+        if v < 1 or v % 2 == 0:
+            raise ValueError(f"expected a positive odd integer (1, 3, 5, 7, ...), got {v}")
+        return v
+
+    @field_validator("class_names")
+    @classmethod
+    def _names(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("expected a non-empty list of class names")
+            dup = sorted({n for n in v if v.count(n) > 1})
+            if dup:
+                raise ValueError(f"duplicate class names: {', '.join(dup)}")
+        return v
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _augment_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            return {"flip": v, "rotate": v}
+        return v
+
+    @property
+    def margin(self) -> int:
+        return self.patch_size // 2 if self.split.margin is None else self.split.margin
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def load_source(cfg: HSISceneConfig, ctx: BuildContext) -> Scene:
+    """The scene named by ``cfg.source`` (built-in name or file relative to the config)."""
+    if is_builtin(cfg.source):
+        for key in ("image_key", "label_key", "label_path", "wavelength_key"):
+            if getattr(cfg, key) is not None:
+                raise ConfigError(f"data.{key}: does not apply to the built-in source '{cfg.source}'; remove it")
+        scene = load_builtin(cfg.source)
+    else:
+        path = ctx.resolve(cfg.source)
+        label_path = ctx.resolve(cfg.label_path) if cfg.label_path else None
+        needs_gt = cfg.split.kind != "fixed"
+        scene = read_scene(
+            path,
+            cfg.image_key,
+            cfg.label_key,
+            label_path=label_path,
+            wavelength_key=cfg.wavelength_key,
+            labels="required" if needs_gt else "optional",
+        )
+    return scene
+
+
+def _read_split_map(path: Path, key: str | None, default_key: str, hw: tuple[int, int]) -> np.ndarray:
+    c = open_container(path)
+    if key is None and default_key in c.arrays:
+        key = default_key
+    if key is None:
+        return read_labels(path, None, hw)
+    where = f"{path} [{key}]"
+    gt = validate_labels(c.load(key), where)
+    if gt.shape != hw:
+        raise DataError(f"{where}: split map is {gt.shape[0]} x {gt.shape[1]}; the image is {hw[0]} x {hw[1]}")
+    return gt
+
+
+def make_split(cfg: HSISceneConfig, scene: Scene, ctx: BuildContext) -> Split:
+    """Apply ``cfg.split`` to the scene."""
+    s = cfg.split
+    seed = ctx.seed if s.seed is None else s.seed
+    hw = scene.cube.shape[:2]
+    common = dict(val_fraction=s.val_fraction, val_per_class=s.val_per_class, seed=seed, patch_size=cfg.patch_size)
+    if s.kind == "fixed":
+        assert s.train_path is not None
+        train_path = ctx.resolve(s.train_path)
+        test_path = ctx.resolve(s.test_path) if s.test_path else train_path
+        tr = _read_split_map(train_path, s.train_key, "TR", hw)
+        te = _read_split_map(test_path, s.test_key, "TE", hw)
+        split = fixed_split(tr, te, **common)
+        split.protocol["files"] = {"train": str(train_path), "test": str(test_path)}
+        return split
+    if scene.gt is None:
+        raise DataError(f"{scene.source}: no label map; give data.label_key or data.label_path")
+    if s.kind == "stratified":
+        return stratified_split(scene.gt, s.train_per_class, **common)
+    return block_split(scene.gt, s.block_size, train_fraction=s.train_fraction, margin=cfg.margin, **common)
+
+
+def _class_names(cfg: HSISceneConfig, scene: Scene, max_label: int) -> list[str]:
+    if cfg.class_names is not None:
+        if len(cfg.class_names) < max_label:
+            raise ConfigError(
+                f"data.class_names: {len(cfg.class_names)} names given but the labels go up to {max_label}"
+            )
+        return list(cfg.class_names)
+    if scene.class_names and len(scene.class_names) >= max_label:
+        return list(scene.class_names)
+    return [f"class_{k}" for k in range(1, max_label + 1)]
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return obj
+
+
+@dataclass
+class _SceneFacts:
+    source: str
+    height: int
+    width: int
+    bands: int
+    labelled: int
+
+
+class HSISceneTask(TaskData):
+    """A scene ready for training: split maps, fitted normaliser, padded cube (B, H+2r, W+2r)."""
+
+    def __init__(
+        self,
+        cfg: HSISceneConfig,
+        split: Split,
+        normalizer: Normalizer,
+        padded: torch.Tensor,
+        class_names: list[str],
+        wavelengths: np.ndarray | None,
+        gt: np.ndarray | None,
+        facts: _SceneFacts,
+    ) -> None:
+        self.cfg = cfg
+        self.split = split
+        self.normalizer = normalizer
+        self.padded = padded  # (C, H + 2r, W + 2r) float32, shared by every split
+        self.class_names = class_names
+        self.wavelengths = wavelengths
+        self.gt = gt
+        self.facts = facts
+        channels = normalizer.out_channels
+        use_wl = wavelengths is not None and normalizer.pca_components is None
+        self._wavelength = torch.as_tensor(wavelengths, dtype=torch.float32) if use_wl else None  # (B,)
+        self.info = DataInfo(
+            num_classes=len(class_names),
+            class_names=list(class_names),
+            in_channels=channels,
+            extras={
+                "patch_size": cfg.patch_size,
+                "wavelengths": [float(w) for w in wavelengths] if use_wl else None,
+            },
+        )
+        self._datasets: dict[str, PatchDataset] = {}
+
+    # ------------------------------------------------------------------ data
+    def dataset(self, split: str) -> PatchDataset:
+        maps = self.split.maps()
+        if split not in maps:
+            raise ConfigError(f"split: unknown split '{split}'; expected one of train, val, test")
+        if split not in self._datasets:
+            label_map = maps[split]
+            rows, cols = np.nonzero(label_map)  # row-major order
+            coords = np.stack([rows, cols], axis=1)  # (n, 2)
+            targets = label_map[rows, cols] - 1  # (n,) 0-based
+            aug = self.cfg.augment if split == "train" else AugmentConfig(flip=False, rotate=False)
+            self._datasets[split] = PatchDataset(
+                self.padded, coords, targets, self.cfg.patch_size, flip=aug.flip, rotate=aug.rotate
+            )
+        return self._datasets[split]
+
+    def collate(self, items: list[dict[str, Any]]) -> Batch:
+        batch: Batch = {
+            "patch": torch.stack([it["patch"] for it in items]),  # (n, C, p, p)
+            "target": torch.stack([torch.as_tensor(it["target"], dtype=torch.int64) for it in items]),  # (n,)
+        }
+        if self._wavelength is not None:
+            batch["wavelength"] = self._wavelength  # (B,)
+        return batch
+
+    def make_batch(self, patches: torch.Tensor) -> Batch:
+        """Batch dict for inference on (n, C, p, p) patches (no targets)."""
+        batch: Batch = {"patch": patches}
+        if self._wavelength is not None:
+            batch["wavelength"] = self._wavelength
+        return batch
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> dict[str, Any]:
+        proto = dict(self.split.protocol)
+        names = self.class_names
+        per_class = proto.pop("per_class", {})
+        proto["per_class"] = {
+            part: {names[i]: int(n) for i, n in enumerate(counts) if i < len(names)}
+            for part, counts in per_class.items()
+        }
+        proto["classes_without_train"] = [n for n, c in proto["per_class"].get("train", {}).items() if c == 0]
+        proto["classes_without_test"] = [n for n, c in proto["per_class"].get("test", {}).items() if c == 0]
+        return _jsonable(
+            {
+                "dataset": "hsi_scene",
+                "source": self.facts.source,
+                "scene": {
+                    "height": self.facts.height,
+                    "width": self.facts.width,
+                    "bands": self.facts.bands,
+                    "labelled_pixels": self.facts.labelled,
+                },
+                "split": proto,
+                "normalisation": self.normalizer.describe(),
+                "in_channels": self.info.in_channels,
+                "patch_size": self.cfg.patch_size,
+                "padding": self.cfg.padding,
+                "augment": {"flip": self.cfg.augment.flip, "rotate": self.cfg.augment.rotate},
+            }
+        )
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "normaliser": self.normalizer.state_dict(),
+            "class_names": list(self.class_names),
+            "patch_size": int(self.cfg.patch_size),
+            "padding": str(self.cfg.padding),
+            "in_bands": int(self.facts.bands),
+            "in_channels": int(self.info.in_channels),
+        }
+        if self._wavelength is not None:
+            state["wavelengths"] = self._wavelength.clone()
+        return state
+
+    def save_artifacts(self, run_dir: Path) -> None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        maps = {k: v.astype(np.int16 if v.max() < 2**15 else np.int64) for k, v in self.split.maps().items()}
+        np.savez_compressed(run_dir / "splits.npz", **maps)
+        (run_dir / "protocol.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
+
+    def export_predictions(
+        self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test"
+    ) -> dict[str, Any]:
+        """Predict every pixel of the scene (tiled) and write ``map.npy/.png/.hdr+.img``.
+
+        The map covers the whole scene whatever ``split`` is; ``split`` names the pixels on
+        which the map's overall accuracy is reported (a check against the engine's metrics).
+        """
+        maps = self.split.maps()
+        if split not in maps:
+            raise ConfigError(f"split: unknown split '{split}'; expected one of train, val, test")
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ids = predict_scene(predict, self.padded, self.cfg.patch_size, batch_size, make_batch=self.make_batch)  # (H, W)
+        label_map = ids + 1  # 1..K, gt convention
+        gt = self.gt if self.gt is not None else maps["train"] + maps["val"] + maps["test"]
+        if gt.max() > len(self.class_names):
+            gt = None
+        files: list[str] = []
+        if getattr(export, "npy", True):
+            files.append(save_map_npy(out_dir / "map.npy", label_map).name)
+        if getattr(export, "png", True):
+            files.append(save_map_png(out_dir / "map.png", label_map, self.class_names, gt=gt).name)
+        if getattr(export, "envi", True):
+            hdr, img = save_map_envi(out_dir / "map.hdr", label_map, self.class_names)
+            files += [hdr.name, img.name]
+        ref = maps[split]  # (H, W) labels 1..K of the split's pixels
+        n = int(np.count_nonzero(ref))
+        oa = float(np.mean(label_map[ref > 0] == ref[ref > 0])) if n else None
+        return {
+            "map_files": files,
+            "map_shape": [int(v) for v in label_map.shape],
+            "map_split": split,
+            "map_overall_accuracy": oa,
+        }
+
+    def __repr__(self) -> str:
+        c = self.split.counts()
+        return (
+            f"HSISceneTask(source={self.facts.source!r}, classes={len(self.class_names)}, "
+            f"channels={self.info.in_channels}, patch_size={self.cfg.patch_size}, "
+            f"split={self.split.protocol.get('kind')!r}, train={c['train']}, val={c['val']}, test={c['test']})"
+        )
+
+
+# ----------------------------------------------------------------------------- predictor
+
+
+_PRED_SUFFIXES = (".npy", ".png", ".hdr", ".img")
+
+
+def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> Scene:
+    if is_builtin(str(input_path)) and not input_path.exists():
+        return load_builtin(str(input_path))
+    keys = list_arrays(input_path)
+    image_key = cfg.image_key if cfg.image_key in keys else None
+    scene = read_scene(input_path, image_key, labels="none")
+    try:  # a label map in the same file only decorates the PNG
+        scene.gt = read_labels(input_path, None, scene.cube.shape[:2])
+    except DataError:
+        scene.gt = None
+    return scene
+
+
+def predict_hsi_file(
+    cfg: HSISceneConfig,
+    state: dict[str, Any],
+    predict: PredictFn,
+    input_path: Path,
+    output_path: Path,
+    batch_size: int,
+) -> Path:
+    """Predict every pixel of a cube file with a trained model; write the map.
+
+    The output format follows ``output_path``'s suffix: ``.npy`` (label map, 0 =
+    unclassified, classes 1..K), ``.png`` (map with legend, ground truth beside it when
+    the file has one; plus a ``.npy`` sibling) or ``.hdr``/``.img`` (ENVI classification
+    file; plus a ``.npy`` sibling).
+    """
+    input_path, output_path = Path(input_path), Path(output_path)
+    suffix = output_path.suffix.lower()
+    if suffix not in _PRED_SUFFIXES:
+        raise DataError(
+            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(_PRED_SUFFIXES)}"
+        )
+    try:
+        norm = Normalizer.from_state(state["normaliser"])
+        class_names = [str(n) for n in state["class_names"]]
+        patch_size = int(state["patch_size"])
+        padding = str(state.get("padding", cfg.padding))
+        in_bands = int(state["in_bands"])
+    except KeyError as exc:
+        raise DataError(f"checkpoint data state: missing key {exc.args[0]!r}; not an hsi_scene checkpoint") from exc
+    scene = _read_for_prediction(cfg, input_path)
+    if scene.num_bands != in_bands:
+        raise DataError(
+            f"{input_path}: the cube has {scene.num_bands} bands but the model was trained on {in_bands} bands"
+        )
+    padded = pad_cube(norm.transform(scene.cube), patch_size, padding)  # (C, H + 2r, W + 2r)
+    wl = state.get("wavelengths")
+    wavelength = torch.as_tensor(wl, dtype=torch.float32) if wl is not None else None
+
+    def make_batch(patches: torch.Tensor) -> Batch:
+        batch: Batch = {"patch": patches}
+        if wavelength is not None:
+            batch["wavelength"] = wavelength
+        return batch
+
+    ids = predict_scene(predict, padded, patch_size, batch_size, make_batch=make_batch)  # (H, W)
+    label_map = ids + 1
+    if suffix == ".npy":
+        return save_map_npy(output_path, label_map)
+    save_map_npy(output_path.with_suffix(".npy"), label_map)
+    if suffix == ".png":
+        gt = scene.gt if scene.gt is not None and scene.gt.max() <= len(class_names) else None
+        return save_map_png(output_path, label_map, class_names, gt=gt)
+    save_map_envi(output_path.with_suffix(".hdr"), label_map, class_names)
+    return output_path
+
+
+@DATASETS.register("hsi_scene", config=HSISceneConfig, predictor=predict_hsi_file)
+def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> HSISceneTask:
+    """One hyperspectral scene: split, normalised on training pixels, lazy patches."""
+    scene = load_source(cfg, ctx)
+    split = make_split(cfg, scene, ctx)
+    max_label = int(max(m.max() for m in split.maps().values()))
+    if scene.gt is not None:
+        max_label = max(max_label, int(scene.gt.max()))
+    class_names = _class_names(cfg, scene, max_label)
+    if split.counts()["train"] == 0:
+        raise DataError(f"{scene.source}: the split has no training pixels")
+    normalizer = Normalizer(cfg.normalise, cfg.pca_components).fit(scene.cube, split.train > 0)
+    facts = _SceneFacts(scene.source, *scene.shape, labelled=scene.num_labelled or sum(split.counts().values()))
+    padded = pad_cube(normalizer.transform(scene.cube), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
+    return HSISceneTask(cfg, split, normalizer, padded, class_names, scene.wavelengths, scene.gt, facts)

@@ -1,0 +1,112 @@
+"""Shared pieces of the point-file readers: standard keys, colour scaling, atomic writes.
+
+Readers return a dict of arrays with standard keys (see :mod:`sciformer.data.pointcloud.io`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sciformer.errors import DataError
+
+PointData = dict[str, np.ndarray]
+_LABEL_NAMES = ("label", "labels", "class", "classification", "scalar_label", "scalar_classification",
+                "semantic", "segment", "seg", "category_id")
+_INTENSITY_NAMES = ("intensity", "scalar_intensity", "i", "reflectance")
+_COLOUR_NAMES = (("red", "green", "blue"), ("r", "g", "b"), ("diffuse_red", "diffuse_green", "diffuse_blue"))
+_NORMAL_NAMES = (("nx", "ny", "nz"), ("normal_x", "normal_y", "normal_z"))
+
+
+def fail(path: Path | str, msg: str) -> DataError:
+    """A DataError naming ``path``: ``"<path>: <msg>"``."""
+    return DataError(f"{path}: {msg}")
+
+
+def scale_colour(values: np.ndarray) -> np.ndarray:
+    """Colour values to float32 in [0, 1]: integers by their bit depth, floats as given."""
+    values = np.asarray(values)  # (n, 3)
+    if values.size == 0:
+        return values.astype(np.float32)
+    if np.issubdtype(values.dtype, np.integer):
+        top = 255.0 if values.dtype.itemsize == 1 or values.max() <= 255 else 65535.0
+        return (values / top).astype(np.float32)
+    vmax = float(np.nanmax(values))
+    if vmax <= 1.0:
+        return values.astype(np.float32)
+    top = 255.0 if vmax <= 255.0 else 65535.0
+    return np.clip(values / top, 0.0, 1.0).astype(np.float32)
+
+
+def from_named_columns(path: Path | str, columns: dict[str, np.ndarray]) -> PointData:
+    """Map named columns (lower-cased names) onto the standard keys."""
+    cols = {k.lower(): v for k, v in columns.items()}
+    if not all(c in cols for c in ("x", "y", "z")):
+        raise fail(path, f"no x, y, z fields (found: {', '.join(columns) or 'none'})")
+    out: PointData = {"coord": np.stack([cols.pop(c) for c in ("x", "y", "z")], axis=1).astype(np.float64)}
+    for names in _NORMAL_NAMES:
+        if all(c in cols for c in names):
+            out["normal"] = np.stack([cols.pop(c) for c in names], axis=1).astype(np.float32)  # (n, 3)
+            break
+    for names in _COLOUR_NAMES:
+        if all(c in cols for c in names):
+            rgb = np.stack([cols.pop(c) for c in names], axis=1)  # (n, 3)
+            out["colour"] = scale_colour(rgb)
+            cols.pop("alpha", None)
+            break
+    for name in _INTENSITY_NAMES:
+        if name in cols:
+            out["intensity"] = np.asarray(cols.pop(name), dtype=np.float32)  # (n,)
+            break
+    for name in _LABEL_NAMES:
+        if name in cols:
+            values = np.asarray(cols.pop(name))
+            if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
+                raise fail(path, f"field '{name}' holds non-finite labels")
+            out["label"] = values.astype(np.int64)  # (n,)
+            break
+    for name, values in cols.items():
+        out[name] = np.asarray(values)
+    return out
+
+
+def check_points(path: Path | str, data: PointData) -> PointData:
+    coord = data["coord"]
+    if coord.ndim != 2 or coord.shape[1] != 3:
+        raise fail(path, f"coordinates have shape {coord.shape}, expected (n, 3)")
+    if coord.shape[0] == 0:
+        raise fail(path, "empty point cloud (0 points)")
+    if not np.all(np.isfinite(coord)):
+        raise fail(path, "non-finite coordinates")
+    return data
+
+
+def triangulate(path: Path | str, faces: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+    """Polygons (any sizes) to triangles by fans around each first vertex."""
+    if isinstance(faces, np.ndarray):
+        return faces.astype(np.int64)
+    tris: list[tuple[int, int, int]] = []
+    for poly in faces:
+        poly = [int(v) for v in poly]
+        if len(poly) < 3:
+            raise fail(path, f"face with {len(poly)} vertices, expected at least 3")
+        tris.extend((poly[0], poly[i], poly[i + 1]) for i in range(1, len(poly) - 1))
+    return np.asarray(tris, dtype=np.int64).reshape(-1, 3)  # (m, 3)
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temp file in the same folder + os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

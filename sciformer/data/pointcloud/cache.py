@@ -1,0 +1,58 @@
+"""Preprocessing caches: stable keys and atomically written folders of .npy arrays.
+
+Caches live under ``ctx.cache_dir`` (``$SCIFORMER_CACHE``), never beside raw data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def cache_key(*parts: Any) -> str:
+    """A short stable hash of JSON-serialisable parts (paths, parameters, versions)."""
+    blob = json.dumps([str(p) if isinstance(p, Path) else p for p in parts], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def file_identity(path: Path) -> list[Any]:
+    """Path, size and modification time: changes when the file does."""
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, int(st.st_mtime)]
+
+
+def save_arrays_atomic(folder: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> None:
+    """Write ``arrays`` as ``<key>.npy`` files (and ``meta.json``) into ``folder`` atomically."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        for key, value in arrays.items():
+            np.save(tmp / f"{key}.npy", value)
+        (tmp / "meta.json").write_text(json.dumps(meta or {}, indent=1))
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process finished first
+            if not (folder / "meta.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_arrays(folder: Path, keys: Sequence[str], mmap: bool = True) -> dict[str, np.ndarray]:
+    """Load ``<key>.npy`` files written by :func:`save_arrays_atomic` (memory-mapped)."""
+    out = {}
+    for key in keys:
+        path = folder / f"{key}.npy"
+        if path.is_file():
+            out[key] = np.load(path, mmap_mode="r" if mmap else None)
+    return out

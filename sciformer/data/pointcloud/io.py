@@ -1,0 +1,264 @@
+"""Readers and writers of point-cloud files, in plain numpy.
+
+:func:`read_point_file` reads one file into a dict of arrays with standard keys:
+
+- ``coord`` (n, 3) float64: kept in double so georeferenced coordinates (LAS) survive;
+  recentre before casting to float32.
+- ``colour`` (n, 3) float32 in [0, 1] (8-bit values / 255, 16-bit values / 65535).
+- ``normal`` (n, 3) float32.
+- ``intensity`` (n,) float32, raw values as stored.
+- ``label`` (n,) int64 from a ``label`` / ``class`` / ``classification`` field.
+- ``faces`` (m, 3) int64 triangle indices (meshes: ``.off``, ``.ply`` with faces).
+- any other per-point scalar field of a PLY/PCD file under its own name.
+
+Formats: PLY (ascii, binary_little_endian, binary_big_endian), PCD (ascii, binary,
+binary_compressed with a built-in LZF decoder), text tables (.xyz .txt .pts .csv),
+.npy/.npz, OFF meshes (with the ModelNet quirk ``OFF3514 3546 0`` on one line) and
+LAS/LAZ (laspy; ``pip install "laspy[lazrs]"`` for .laz). open3d is never required.
+
+:func:`write_ply` writes binary little-endian PLY atomically; :func:`sample_mesh_surface`
+samples points uniformly on a triangle mesh.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sciformer.data.pointcloud._fields import (
+    PointData,
+    atomic_write_bytes,
+    check_points,
+    fail,
+    from_named_columns,
+    scale_colour,
+)
+from sciformer.data.pointcloud.las import las_has_rgb, read_las
+from sciformer.data.pointcloud.mesh import read_off, sample_mesh_surface
+from sciformer.data.pointcloud.pcd import lzf_decompress, read_pcd
+from sciformer.data.pointcloud.ply import read_ply, write_ply
+from sciformer.errors import DataError
+
+POINT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf)$", re.IGNORECASE)
+
+
+def _split_line(line: str, delimiter: str | None) -> list[str]:
+    if delimiter is None:
+        return line.split()
+    return [t.strip() for t in line.split(delimiter)]
+
+
+def parse_text_table(
+    path: Path | str,
+    ncols: int | None = None,
+    *,
+    delimiter: str | None = "auto",
+    skip_rows: int = 0,
+    malformed: str = "error",
+) -> tuple[np.ndarray, list[int]]:
+    """Parse a numeric text table into a float64 array.
+
+    ``ncols`` is the expected number of columns (None: taken from the first row).
+    ``delimiter``: ``"auto"`` (comma, semicolon or whitespace from the first row),
+    None (whitespace) or a character. Lines starting with ``#`` or ``//`` and blank
+    lines are ignored. ``malformed``: ``"error"`` raises a DataError naming
+    ``file:line``; ``"skip"`` drops bad lines and returns their 1-based numbers.
+
+    Shapes: returns ``(rows (n, ncols), skipped line numbers)``.
+    """
+    path = Path(path)
+    if malformed not in ("error", "skip"):
+        raise ValueError(f"malformed must be 'error' or 'skip', not {malformed!r}")
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise fail(path, f"cannot read ({exc.strerror or exc})") from exc
+    lines = text.splitlines()
+    first = next(
+        (i for i in range(skip_rows, len(lines)) if lines[i].strip() and not lines[i].lstrip().startswith(("#", "//"))),
+        None,
+    )
+    if first is None:
+        raise fail(path, "empty point cloud (no data lines)")
+    if delimiter == "auto":
+        delimiter = "," if "," in lines[first] else (";" if ";" in lines[first] else None)
+    if ncols is None:
+        ncols = len(_split_line(lines[first], delimiter))
+    # Fast path: numpy's C parser on the whole file.
+    try:
+        rows = np.loadtxt(
+            lines[first:], dtype=np.float64, delimiter=delimiter, comments=("#", "//"), ndmin=2
+        )  # (n, ncols)
+        if rows.shape[1] == ncols and np.all(np.isfinite(rows)):
+            return rows, []
+    except ValueError:
+        pass
+    # Slow path: a whole-line pattern finds the bad lines; numpy parses the rest.
+    number = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+    sep = r"\s+" if delimiter is None else r"\s*" + re.escape(delimiter) + r"\s*"
+    row_pattern = re.compile(r"\s*" + number + (sep + number) * (ncols - 1) + r"\s*")
+    good: list[str] = []
+    skipped: list[int] = []
+    for lineno in range(first, len(lines)):
+        line = lines[lineno]
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "//")):
+            continue
+        if row_pattern.fullmatch(line):
+            good.append(line)
+            continue
+        if malformed == "error":
+            shown = stripped if len(stripped) <= 60 else stripped[:57] + "..."
+            raise DataError(f"{path}:{lineno + 1}: expected {ncols} numbers, got {shown!r}")
+        skipped.append(lineno + 1)
+    if not good:
+        raise fail(path, "empty point cloud (no valid data lines)")
+    rows = np.loadtxt(good, dtype=np.float64, delimiter=delimiter, ndmin=2)  # (n, ncols)
+    return rows, skipped
+
+
+_COLUMN_ALIASES = {
+    "r": "red", "g": "green", "b": "blue", "i": "intensity", "class": "label",
+    "classification": "label", "normal_x": "nx", "normal_y": "ny", "normal_z": "nz",
+}
+
+
+def _guess_columns(path: Path | str, table: np.ndarray) -> list[str]:
+    """Column names of an unlabelled numeric table from its width and values."""
+    ncols = table.shape[1]
+    names = ["x", "y", "z"]
+    if ncols == 3:
+        return names
+    if ncols == 4:
+        scalar = table[:, 3]
+        return names + (["label"] if np.all(scalar == np.round(scalar)) else ["intensity"])
+    if ncols in (6, 7):
+        extra = table[:, 3:6]  # (n, 3)
+        norms = np.linalg.norm(extra, axis=1)
+        is_normal = bool(np.all(np.abs(norms - 1.0) < 1e-2) or np.all(np.abs(extra) <= 1.0) and np.any(extra < 0))
+        names += ["nx", "ny", "nz"] if is_normal else ["red", "green", "blue"]
+        if ncols == 7:
+            names.append("label")
+        return names
+    raise fail(
+        path,
+        f"cannot tell what the {ncols} columns are; pass columns=[...] "
+        "(names: x y z nx ny nz red green blue intensity label, '_' to skip)",
+    )
+
+
+def _read_table(path: Path, columns: Sequence[str] | None) -> PointData:
+    skip = 0
+    header: list[str] | None = None
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        head = [fh.readline() for _ in range(2)]
+    first = head[0].strip()
+    tokens = [t for t in re.split(r"[,;\s]+", first.lstrip("/").strip()) if t]
+    if first.startswith("#"):
+        pass  # a comment line; parse_text_table skips it
+    elif tokens and not all(_NUMBER.match(t) for t in tokens):
+        header = [t.lower() for t in tokens]  # e.g. CloudCompare '//X,Y,Z,R,G,B'
+        skip = 1
+    elif len(tokens) == 1 and tokens[0].isdigit() and len(head[1].split()) >= 3:
+        skip = 1  # a point-count line
+    table, _ = parse_text_table(path, skip_rows=skip)  # (n, c)
+    names = [c.lower() for c in columns] if columns is not None else header or _guess_columns(path, table)
+    if len(names) != table.shape[1]:
+        raise fail(path, f"{table.shape[1]} columns but {len(names)} column names {names}")
+    named = {}
+    for i, name in enumerate(names):
+        if name != "_":
+            named[_COLUMN_ALIASES.get(name, name)] = table[:, i]
+    return from_named_columns(path, named)
+
+
+def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise fail(path, f"cannot read numpy file ({exc})") from exc
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            arrays = {k: loaded[k] for k in loaded.files}
+        aliases = {"coord": ("coord", "xyz", "points", "pos", "positions"),
+                   "colour": ("colour", "color", "rgb", "colors"),
+                   "normal": ("normal", "normals"),
+                   "intensity": ("intensity",),
+                   "label": ("label", "labels", "segment", "seg", "class", "classification")}
+        out: PointData = {}
+        for key, names in aliases.items():
+            found = next((n for n in names if n in arrays), None)
+            if found is not None:
+                out[key] = arrays.pop(found)
+        if "coord" not in out:
+            if len(arrays) == 1:
+                return _table_to_points(path, next(iter(arrays.values())), columns)
+            raise fail(path, f"no coordinate array (expected key 'coord' or 'xyz'; keys: {', '.join(sorted(arrays))})")
+        out["coord"] = np.asarray(out["coord"], dtype=np.float64)
+        if "colour" in out:
+            out["colour"] = scale_colour(out["colour"])
+        for key, dt in (("normal", np.float32), ("intensity", np.float32), ("label", np.int64)):
+            if key in out:
+                out[key] = np.asarray(out[key]).astype(dt)
+        n = out["coord"].shape[0] if out["coord"].ndim == 2 else -1
+        for key, value in arrays.items():
+            if value.ndim >= 1 and value.shape[0] == n:
+                out[key] = value
+        for key in ("colour", "normal", "intensity", "label"):
+            if key in out and out[key].shape[0] != n:
+                raise fail(path, f"'{key}' has {out[key].shape[0]} rows, coordinates have {n}")
+        return out
+    return _table_to_points(path, loaded, columns)
+
+
+def _table_to_points(path: Path, table: np.ndarray, columns: Sequence[str] | None) -> PointData:
+    if table.dtype.names:
+        return from_named_columns(path, {name: table[name] for name in table.dtype.names})
+    if table.ndim != 2 or table.shape[1] < 3:
+        raise fail(path, f"array has shape {table.shape}, expected (n, >=3)")
+    names = [c.lower() for c in columns] if columns is not None else _guess_columns(path, table)
+    if len(names) != table.shape[1]:
+        raise fail(path, f"{table.shape[1]} columns but {len(names)} column names {names}")
+    return from_named_columns(path, {_COLUMN_ALIASES.get(n, n): table[:, i] for i, n in enumerate(names) if n != "_"})
+
+
+def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> PointData:
+    """Read a point-cloud (or mesh) file into a dict of arrays (see module docstring).
+
+    ``columns`` names the columns of text tables and plain ``.npy`` arrays
+    (``x y z nx ny nz red green blue intensity label``, ``_`` to skip one); without
+    it, a header row is used if present, else the layout is guessed from the width
+    (3: xyz; 4: xyz + label/intensity; 6: xyz + normals or colour; 7: ... + label).
+    OFF meshes return their vertices as ``coord`` plus ``faces``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".ply":
+        data = read_ply(path)
+    elif suffix == ".pcd":
+        data = read_pcd(path)
+    elif suffix in (".xyz", ".txt", ".pts", ".csv"):
+        data = _read_table(path, columns)
+    elif suffix in (".npy", ".npz"):
+        data = _read_numpy(path, columns)
+    elif suffix == ".off":
+        vertices, faces = read_off(path)
+        data = {"coord": vertices, "faces": faces}
+    elif suffix in (".las", ".laz"):
+        data = read_las(path)
+    else:
+        raise DataError(f"{path}: unknown point-cloud suffix '{suffix}'; expected one of {', '.join(POINT_SUFFIXES)}")
+    return check_points(path, data)
+
+
+__all__ = [
+    "POINT_SUFFIXES", "PointData", "atomic_write_bytes", "las_has_rgb", "lzf_decompress", "parse_text_table",
+    "read_off", "read_point_file", "sample_mesh_surface", "write_ply",
+]

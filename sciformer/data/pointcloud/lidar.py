@@ -1,0 +1,362 @@
+"""Airborne LiDAR tiles (.las/.laz) with per-point ASPRS classes: semantic segmentation.
+
+Any collection of classified LAS 1.x / LAZ tiles works (national LiDAR programmes,
+OpenTopography, the laspy/PDAL test files in ``$SCIFORMER_DATA/lidar``); see
+``datasets/lidar/README.md``. Expected layout: tiles anywhere under ``root``, listed
+per split by relative path::
+
+    data:
+      name: las_tiles
+      root: /data/lidar
+      train_files: [a.laz, b.laz]
+      val_files: [c.laz]
+      test_files: [d.laz]
+      classes: {ground: [2], vegetation: [3, 4, 5], building: [6], other: []}
+      unmapped: other          # or 'ignore' (label -1, left out of loss and metrics)
+
+ASPRS codes map to labels through ``classes`` (ordered; label = position);
+codes not listed go to ``unmapped``. Training items are random square crops of
+``crop_size`` metres (centred on a random point; redrawn up to 10 times when
+they hold fewer than ``crop_min_points``), ``crops_per_tile`` per tile and epoch,
+optionally grid-sampled and capped at ``crop_max_points``. Coordinates are recentred
+per crop in float64 (x, y by the crop's bbox centre, z by its lowest point) before
+becoming float32, as LAS coordinates are large. Features: ``colour`` (RGB / 255 or
+/ 65535 by bit depth), ``intensity`` (divided by ``intensity_scale``, or by each
+tile's 99th percentile, clipped to [0, 1]), ``height`` (z above the crop's lowest
+point), ``coord``; by default colour when every tile has RGB, plus intensity.
+Validation and test items cover whole tiles (every point, or grid-sampled with the
+inverse kept), split into compact parts of at most ``eval_max_points`` points; test
+metrics at export are per original point.
+
+Tiles are decoded once into ``ctx.cache_dir/las_tiles`` (.npy, memory-mapped).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
+from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.sample import check_features, collate_points, feature_channels
+from sciformer.data.pointcloud.scenes import (
+    ArrayScene,
+    check_eval_transform_specs,
+    predict_scene,
+    SceneEvalDataset,
+    SceneSegmentationTask,
+    SceneSource,
+    write_point_predictions,
+)
+from sciformer.data.pointcloud.task import PointDataset, state_value
+from sciformer.errors import DataError
+from sciformer.pointcloud.transforms import (
+    CenterShift,
+    Compose,
+    GridSample,
+    Sample,
+    build_transforms,
+    check_transform_specs,
+    index_points,
+)
+from sciformer.registry import DATASETS
+
+DEFAULT_CLASSES: dict[str, list[int]] = {"ground": [2], "vegetation": [3, 4, 5], "building": [6], "other": []}
+
+DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
+    {"name": "random_rotate", "axis": "z", "angle": [-180, 180]},
+    {"name": "random_flip", "axes": ["x"], "p": 0.5},
+    {"name": "random_scale", "scale": [0.95, 1.05]},
+    {"name": "random_jitter", "sigma": 0.02, "clip": 0.1},
+]
+
+TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
+EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
+_FEATURES = ["coord", "colour", "intensity", "height"]
+
+
+class LasTilesConfig(BaseModel):
+    """``data:`` parameters of the ``las_tiles`` dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str | None = None  # default: $SCIFORMER_DATA/lidar
+    train_files: list[str] = Field(min_length=1)
+    val_files: list[str] = Field(min_length=1)
+    test_files: list[str] = Field(min_length=1)
+    classes: dict[str, list[int]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CLASSES.items()})
+    unmapped: str = "other"  # 'ignore' (-1) or one of the class names
+    features: Annotated[list[str], AfterValidator(lambda v: check_features(v, _FEATURES))] | None = None
+    intensity_scale: float | None = Field(None, gt=0)  # None: each tile's 99th percentile
+    crop_size: float = Field(50.0, gt=0)  # metres
+    crop_min_points: int = Field(100, ge=1)
+    crops_per_tile: int = Field(8, ge=1)  # training items per tile and epoch
+    crop_max_points: int | None = Field(40000, gt=0)
+    grid_size: float | None = Field(None, gt=0)  # metres; None: every point
+    eval_max_points: int | None = Field(100000, gt=0)
+    train_transforms: TransformList = None  # None: DEFAULT_TRAIN_TRANSFORMS; []: none
+    eval_transforms: EvalTransformList = None
+
+    @model_validator(mode="after")
+    def _check(self) -> LasTilesConfig:
+        if not self.classes:
+            raise ValueError("classes: at least one class is needed")
+        seen: dict[int, str] = {}
+        for name, codes in self.classes.items():
+            for code in codes:
+                if not 0 <= code <= 255:
+                    raise ValueError(f"classes.{name}: code {code} outside the ASPRS range 0..255")
+                if code in seen:
+                    raise ValueError(f"classes.{name}: code {code} is already mapped to '{seen[code]}'")
+                seen[code] = name
+        if self.unmapped != "ignore" and self.unmapped not in self.classes:
+            raise ValueError(f"unmapped: '{self.unmapped}' is neither 'ignore' nor a class ({', '.join(self.classes)})")
+        splits = {"train_files": self.train_files, "val_files": self.val_files, "test_files": self.test_files}
+        owner: dict[str, str] = {}
+        for split, files in splits.items():
+            for f in files:
+                if f in owner:
+                    raise ValueError(f"{split}: '{f}' is also in {owner[f]}; splits must not share tiles")
+                owner[f] = split
+        return self
+
+
+def code_table(classes: dict[str, list[int]], unmapped: str) -> np.ndarray:
+    """Lookup table (256,) int64 from ASPRS code to label (-1 = ignore)."""
+    names = list(classes)
+    table = np.full(256, -1 if unmapped == "ignore" else names.index(unmapped), dtype=np.int64)
+    for label, name in enumerate(names):
+        table[np.asarray(classes[name], dtype=np.int64)] = label
+    return table
+
+
+# --------------------------------------------------------------------------- tiles
+
+
+def tile_sample(arrays: dict[str, np.ndarray], table: np.ndarray, intensity_scale: float,
+                rows: np.ndarray | None = None) -> Sample:
+    """Rows of a tile as a sample: coord float64, label from ``code`` through ``table``,
+    intensity / ``intensity_scale`` clipped to [0, 1], colour if present."""
+    pick = (lambda a: np.asarray(a)) if rows is None else (lambda a: np.asarray(a[rows]))
+    sample: Sample = {"coord": pick(arrays["coord"]).astype(np.float64)}  # (n, 3)
+    if "code" in arrays:
+        sample["label"] = table[np.clip(pick(arrays["code"]), 0, 255).astype(np.int64)]  # (n,)
+    if "intensity" in arrays:
+        sample["intensity"] = np.clip(pick(arrays["intensity"]) / intensity_scale, 0.0, 1.0).astype(np.float32)  # (n,)
+    if "colour" in arrays:
+        sample["colour"] = pick(arrays["colour"]).astype(np.float32)  # (n, 3)
+    return sample
+
+
+
+class LasTiles(SceneSource):
+    """Tiles decoded once into the cache; loads map codes, normalise colour and intensity."""
+
+    def __init__(self, paths: list[Path], table: np.ndarray, intensity_scale: float | None, cache_dir: Path) -> None:
+        self.paths = paths
+        self.table = table
+        self.intensity_scale = intensity_scale
+        self.cache_dir = cache_dir
+        self._keys = [cache_key("las-v1", file_identity(p)) for p in paths]
+        self._p99: dict[int, float] = {}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def name(self, index: int) -> str:
+        return self.paths[index].stem
+
+    def key(self, index: int) -> str:
+        return self._keys[index]
+
+    def arrays(self, index: int) -> dict[str, np.ndarray]:
+        """Raw cached arrays: coord (n, 3) float64, code (n,) uint8, intensity (n,), colour (n, 3)."""
+        folder = self.cache_dir / self._keys[index]
+        if not (folder / "meta.json").is_file():
+            data = read_point_file(self.paths[index])
+            arrays = {
+                "coord": data["coord"],
+                "code": np.clip(data["label"], 0, 255).astype(np.uint8),
+                "intensity": data["intensity"].astype(np.float32),
+            }
+            if "colour" in data:
+                arrays["colour"] = data["colour"]
+            p99 = float(np.percentile(arrays["intensity"], 99))
+            meta = {"file": str(self.paths[index]), "points": len(data["coord"]), "intensity_p99": p99}
+            save_arrays_atomic(folder, arrays, meta)
+        if index not in self._p99:
+            self._p99[index] = float(json.loads((folder / "meta.json").read_text())["intensity_p99"])
+        return load_arrays(folder, ["coord", "code", "intensity", "colour"])
+
+    def sample(self, index: int, arrays: dict[str, np.ndarray], rows: np.ndarray | None = None) -> Sample:
+        """A sample of ``rows`` (all when None): coord float64, label, intensity, colour."""
+        scale = self.intensity_scale or max(self._p99.get(index, 1.0), 1.0)
+        return tile_sample(arrays, self.table, scale, rows)
+
+    def load(self, index: int) -> Sample:
+        return self.sample(index, self.arrays(index))
+
+
+class LasCropDataset(PointDataset):
+    """Random square crops of training tiles, ``crops_per_tile`` per tile and epoch."""
+
+    def __init__(self, tiles: LasTiles, cfg: LasTilesConfig, features: list[str], transform: Compose, seed: int) -> None:
+        super().__init__(transform, features, train=True, seed=seed)
+        self.tiles = tiles
+        self.cfg = cfg
+        self._grid = GridSample(cfg.grid_size, mode="train") if cfg.grid_size else None
+        self._shift = CenterShift(z="min")
+
+    def __len__(self) -> int:
+        return len(self.tiles) * self.cfg.crops_per_tile
+
+    def describe_item(self, index: int) -> str:
+        return f"crop of {self.tiles.paths[index % len(self.tiles)]}"
+
+    def crop_rows(self, xy: np.ndarray, rng: np.random.Generator, tries: int = 10) -> np.ndarray:
+        """Rows of the best of up to ``tries`` random squares (first with enough points)."""
+        half = self.cfg.crop_size / 2
+        best = np.zeros(0, dtype=np.int64)
+        for _ in range(tries):
+            centre = xy[rng.integers(len(xy))]
+            rows = np.flatnonzero((np.abs(xy[:, 0] - centre[0]) <= half) & (np.abs(xy[:, 1] - centre[1]) <= half))
+            if len(rows) > len(best):
+                best = rows
+            if len(best) >= self.cfg.crop_min_points:
+                break
+        return best
+
+    def load(self, index: int, rng: np.random.Generator) -> Sample:
+        t = index % len(self.tiles)
+        arrays = self.tiles.arrays(t)
+        xy = np.asarray(arrays["coord"][:, :2])  # (n, 2)
+        if len(xy) == 0:
+            raise DataError(f"{self.tiles.paths[t]}: empty point cloud (0 points)")
+        sample = self.tiles.sample(t, arrays, self.crop_rows(xy, rng))
+        if self._grid is not None:
+            sample = self._grid(sample, rng)
+            sample.pop("inverse", None)
+        n = sample["coord"].shape[0]
+        if self.cfg.crop_max_points and n > self.cfg.crop_max_points:
+            sample = index_points(sample, np.sort(rng.choice(n, self.cfg.crop_max_points, replace=False)))
+        return self._shift(sample)  # float64 recentring; float32 at feature assembly
+
+
+def predict_las_file(
+    cfg: LasTilesConfig,
+    state: dict[str, Any],
+    predict: PredictFn,
+    input_path: Path,
+    output_path: Path,
+    batch_size: int,
+) -> Path:
+    """Classify every point of a tile (.las/.laz or another point file) with a trained model.
+
+    Uses the checkpoint's class table, features, intensity scale and grid size.
+    Output by suffix: ``.npy`` (n,) int64 labels, or ``.ply`` (x, y, z in double,
+    colour, ``pred``, ``label`` when the tile is classified) plus a ``.npy`` sibling.
+    """
+    input_path = Path(input_path)
+    classes = state_value(state, "classes", "las_tiles")
+    features = list(state_value(state, "features", "las_tiles"))
+    data = read_point_file(input_path)
+    arrays: dict[str, np.ndarray] = {"coord": data["coord"]}
+    for key in ("intensity", "colour"):
+        if key in data:
+            arrays[key] = data[key]
+    if "label" in data:  # ASPRS classification of a LAS tile: the truth to compare with
+        arrays["code"] = data["label"]
+    missing = [f for f in features if f in ("intensity", "colour") and f not in arrays]
+    if missing:
+        raise DataError(f"{input_path}: the model uses {', '.join(missing)} but the file has none")
+    scale = state.get("intensity_scale") or max(float(np.percentile(arrays.get("intensity", np.ones(1)), 99)), 1.0)
+    sample = tile_sample(arrays, code_table(classes, state_value(state, "unmapped", "las_tiles")), scale)
+    dataset = SceneEvalDataset(
+        ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
+        part_z="min", transform=None, features=features, seed=0,
+    )
+    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(classes))
+    return write_point_predictions(output_path, sample, pred)
+
+
+@DATASETS.register("las_tiles", config=LasTilesConfig, predictor=predict_las_file)
+def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentationTask:
+    """Airborne LiDAR tiles (.las/.laz) with ASPRS classes mapped to labels by a table."""
+    root = ctx.resolve(cfg.root) if cfg.root else default_data_root() / "lidar"
+    paths: dict[str, list[Path]] = {}
+    for split, files in (("train", cfg.train_files), ("val", cfg.val_files), ("test", cfg.test_files)):
+        paths[split] = []
+        for f in files:
+            p = root / f
+            if not p.is_file():
+                raise DataError(f"data.{split}_files: '{f}' not found under {root}")
+            if p.suffix.lower() not in (".las", ".laz"):
+                raise DataError(f"data.{split}_files: '{f}' is not a .las/.laz file")
+            paths[split].append(p)
+    every = [p for ps in paths.values() for p in ps]
+    with_rgb = {p: las_has_rgb(p) for p in every}
+    if cfg.features is None:
+        features = (["colour"] if all(with_rgb.values()) else []) + ["intensity"]
+    else:
+        features = list(cfg.features)
+        if "colour" in features:
+            missing = [p.name for p, ok in with_rgb.items() if not ok]
+            if missing:
+                raise DataError(f"data.features: 'colour' asked but {', '.join(missing)} has no RGB")
+    table = code_table(cfg.classes, cfg.unmapped)
+    cache_dir = ctx.cache_dir / "las_tiles"
+    tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir) for s in paths}
+    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
+                                "data.train_transforms")
+    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+
+    def make_eval(split: str) -> Any:
+        return lambda: SceneEvalDataset(
+            tiles[split], grid_size=cfg.grid_size, max_points=cfg.eval_max_points,
+            part_z="min", transform=eval_tf, features=features, seed=ctx.seed, cache_dir=cache_dir,
+        )
+
+    class_names = list(cfg.classes)
+    info = DataInfo(
+        num_classes=len(class_names),
+        class_names=class_names,
+        in_channels=feature_channels(features),
+        extras={"task": "segmentation", "features": features, "grid_size": cfg.grid_size, "crop_size": cfg.crop_size},
+    )
+    protocol = {
+        "dataset": "las_tiles",
+        "root": str(root),
+        "files": {s: [str(p.relative_to(root)) for p in ps] for s, ps in paths.items()},
+        "classes": {k: list(v) for k, v in cfg.classes.items()},
+        "unmapped": cfg.unmapped,
+        "features": features,
+        "crop": f"{cfg.crop_size:g} m squares, >= {cfg.crop_min_points} points, {cfg.crops_per_tile} per tile and epoch",
+        "grid_size": cfg.grid_size,
+        "test": "whole tiles, every original point (export)",
+        "train_transforms": repr(train_tf),
+        "eval_transforms": repr(eval_tf),
+    }
+    state = {
+        "classes": {k: list(v) for k, v in cfg.classes.items()},
+        "unmapped": cfg.unmapped,
+        "features": features,
+        "intensity_scale": cfg.intensity_scale,
+        "grid_size": cfg.grid_size,
+        "crop_size": cfg.crop_size,
+        "eval_max_points": cfg.eval_max_points,
+    }
+    return SceneSegmentationTask(
+        info,
+        {
+            "train": lambda: LasCropDataset(tiles["train"], cfg, features, train_tf, ctx.seed),
+            "val": make_eval("val"),
+            "test": make_eval("test"),
+        },
+        protocol=protocol,
+        state=state,
+    )

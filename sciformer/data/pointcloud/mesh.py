@@ -1,0 +1,115 @@
+"""Meshes: OFF reader (with the ModelNet header quirk) and area-weighted surface sampling."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from sciformer.data.pointcloud._fields import fail, triangulate
+from sciformer.errors import DataError
+
+def read_off(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Read an OFF mesh: vertices (v, 3) float64 and triangle faces (m, 3) int64.
+
+    Accepts the ModelNet quirk of counts on the ``OFF`` line (``OFF3514 3546 0``),
+    comments and polygons (fan-triangulated). Extra values after a face (colours)
+    are ignored.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise fail(path, f"cannot read ({exc.strerror or exc})") from exc
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines or not lines[0].upper().startswith(("OFF", "COFF", "NOFF", "CNOFF")):
+        raise fail(path, "not an OFF file (first line does not start with 'OFF')")
+    head = lines[0].split(None, 1)[0]
+    keyword = re.match(r"[A-Za-z]+", head).group(0)  # type: ignore[union-attr]
+    rest = lines[0][len(keyword) :].strip()
+    pos = 1
+    if not rest:
+        if len(lines) < 2:
+            raise fail(path, "OFF file has no counts line")
+        rest = lines[1]
+        pos = 2
+    try:
+        nv, nf = (int(t) for t in rest.split()[:2])
+    except ValueError as exc:
+        raise fail(path, f"bad OFF counts line {rest!r}; expected 'vertices faces edges'") from exc
+    if nv <= 0:
+        raise fail(path, "OFF mesh has no vertices")
+    vlines = lines[pos : pos + nv]
+    flines = lines[pos + nv : pos + nv + nf]
+    if len(vlines) < nv or len(flines) < nf:
+        raise fail(path, f"truncated OFF: {len(vlines)} of {nv} vertices, {len(flines)} of {nf} faces")
+    try:
+        vertices = np.loadtxt(vlines, dtype=np.float64, ndmin=2)[:, :3]  # (v, 3)
+    except ValueError as exc:
+        raise fail(path, f"malformed OFF vertex line ({exc})") from exc
+    if vertices.shape[1] != 3:
+        raise fail(path, "OFF vertex lines need 3 coordinates")
+    faces: np.ndarray
+    try:
+        flat = np.array(" ".join(flines).split(), dtype=np.int64)
+        if flat.size == 4 * nf and np.all(flat[::4] == 3):
+            faces = flat.reshape(nf, 4)[:, 1:]  # (m, 3)
+        else:
+            polys = []
+            for ln in flines:
+                tok = ln.split()
+                k = int(tok[0])
+                polys.append([int(t) for t in tok[1 : 1 + k]])
+            faces = triangulate(path, polys)
+    except ValueError as exc:
+        raise fail(path, f"malformed OFF face line ({exc})") from exc
+    if faces.size and (faces.min() < 0 or faces.max() >= nv):
+        raise fail(path, f"OFF face index out of range 0..{nv - 1}")
+    return vertices, faces
+
+
+def sample_mesh_surface(
+    vertices: np.ndarray,
+    faces: np.ndarray,
+    n: int,
+    seed: int | np.random.Generator | None = None,
+    *,
+    return_normals: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Sample ``n`` points uniformly on a triangle mesh's surface (area-weighted).
+
+    A triangle is drawn with probability proportional to its area, then a point
+    uniformly inside it (``sqrt`` barycentric trick). With ``return_normals`` also
+    returns each point's unit face normal.
+
+    Shapes: vertices (v, 3), faces (m, 3) int -> points (n, 3) float32
+    [, normals (n, 3) float32].
+    """
+    vertices = np.asarray(vertices, dtype=np.float64)
+    faces = np.asarray(faces, dtype=np.int64)
+    if vertices.ndim != 2 or vertices.shape[1] != 3:
+        raise DataError(f"sample_mesh_surface: vertices have shape {vertices.shape}, expected (v, 3)")
+    if faces.ndim != 2 or faces.shape[1] != 3 or faces.shape[0] == 0:
+        raise DataError(f"sample_mesh_surface: faces have shape {faces.shape}, expected (m, 3) with m > 0")
+    if faces.min() < 0 or faces.max() >= len(vertices):
+        raise DataError(f"sample_mesh_surface: face index out of range 0..{len(vertices) - 1}")
+    if n <= 0:
+        raise DataError(f"sample_mesh_surface: n must be positive, got {n}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    a, b, c = (vertices[faces[:, i]] for i in range(3))  # each (m, 3)
+    cross = np.cross(b - a, c - a)  # (m, 3)
+    area = 0.5 * np.linalg.norm(cross, axis=1)  # (m,)
+    total = area.sum()
+    if not np.isfinite(total) or total <= 0:
+        raise DataError("sample_mesh_surface: mesh has zero surface area")
+    tri = rng.choice(len(faces), size=n, p=area / total)  # (n,)
+    r1 = np.sqrt(rng.random(n))[:, None]  # (n, 1)
+    r2 = rng.random(n)[:, None]  # (n, 1)
+    points = (1 - r1) * a[tri] + r1 * (1 - r2) * b[tri] + r1 * r2 * c[tri]  # (n, 3)
+    if not return_normals:
+        return points.astype(np.float32)
+    normals = cross[tri] / (2.0 * area[tri])[:, None]  # (n, 3) unit
+    return points.astype(np.float32), normals.astype(np.float32)

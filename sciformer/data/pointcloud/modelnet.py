@@ -1,0 +1,380 @@
+"""ModelNet shape classification (ModelNet10 / ModelNet40), in three layouts.
+
+Get it from the Princeton ModelNet site (raw ``.off`` meshes) or the widely used
+derived releases; see ``datasets/modelnet/README.md``. Layouts (``layout: auto``
+detects them):
+
+``h5`` (``modelnet40_ply_hdf5_2048``; the real ModelNet10 copy in
+``$SCIFORMER_DATA/modelnet10_hdf5_1024`` uses it)::
+
+    root/shape_names.txt              class names, line index = label
+    root/train_files.txt, test_files.txt   h5 file names (a leading folder is ignored)
+    root/ply_data_train0.h5 ...       'data' (n, P, 3) float32, 'label' (n, 1), optional 'normal'
+
+``normal_resampled`` (``modelnet40_normal_resampled``)::
+
+    root/modelnet40_shape_names.txt   (modelnet10_shape_names.txt for variant modelnet10)
+    root/modelnet40_train.txt, modelnet40_test.txt   shape ids like 'airplane_0001'
+    root/airplane/airplane_0001.txt   lines 'x,y,z,nx,ny,nz' (10,000 points)
+
+``off`` (the original meshes)::
+
+    root/<class>/train/<class>_0001.off, root/<class>/test/...
+
+Each shape keeps its first ``num_points`` points (h5 and text files store points
+in random order); meshes are sampled once (area-weighted, seeded) and scaled to
+the unit sphere. Text and mesh layouts are converted once into ``ctx.cache_dir``
+(never beside the raw data). Validation is a stratified, seeded fraction of the
+training shapes; the test split is never used to choose anything.
+
+Samples: coord (num_points, 3), feat from ``features`` (``coord``, ``normal``),
+label () int64.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.pointcloud.io import atomic_write_bytes, read_off, read_point_file, sample_mesh_surface
+from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.sample import (
+    assemble_features,
+    check_features,
+    collate_points,
+    feature_channels,
+)
+from sciformer.data.pointcloud.task import (
+    PointDataset,
+    PointTask,
+    progress,
+    read_list_file,
+    state_value,
+    stratified_holdout,
+)
+from sciformer.errors import DataError
+from sciformer.pointcloud.transforms import (
+    Compose,
+    FixedPoints,
+    NormalizeScale,
+    Sample,
+    build_transforms,
+    check_transform_specs,
+)
+from sciformer.registry import DATASETS
+
+DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
+    {"name": "random_scale", "scale": [0.8, 1.25], "anisotropic": True},
+    {"name": "random_jitter", "sigma": 0.01, "clip": 0.05},
+    {"name": "shuffle_points"},
+]
+
+TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
+
+
+class ModelNetConfig(BaseModel):
+    """``data:`` parameters of the ``modelnet`` dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str | None = None  # default: $SCIFORMER_DATA/modelnet10_hdf5_1024
+    layout: Literal["auto", "h5", "normal_resampled", "off"] = "auto"
+    variant: Literal["modelnet40", "modelnet10"] = "modelnet40"  # normal_resampled list files
+    num_points: int = Field(1024, gt=0)
+    features: Annotated[list[str], AfterValidator(lambda v: check_features(v, ["coord", "normal"]))] = ["coord"]
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # of the training shapes, per class
+    split_seed: int = 0
+    sample_seed: int = 0  # mesh surface sampling (layout off)
+    train_transforms: TransformList = None  # None: DEFAULT_TRAIN_TRANSFORMS; []: none
+    eval_transforms: TransformList = None  # None: none
+
+
+def detect_layout(root: Path) -> str:
+    """Which ModelNet layout ``root`` holds (h5, normal_resampled or off)."""
+    if (root / "train_files.txt").is_file():
+        return "h5"
+    if any(root.glob("modelnet*_shape_names.txt")):
+        return "normal_resampled"
+    if any(d.is_dir() and ((d / "train").is_dir() or (d / "test").is_dir()) for d in root.iterdir()):
+        return "off"
+    raise DataError(
+        f"{root}: not a ModelNet folder (expected train_files.txt, modelnet40_shape_names.txt "
+        "or <class>/train/*.off)"
+    )
+
+
+# --------------------------------------------------------------------------- layouts
+# Each returns {"points": (S, P, 3) float32, "normals": (S, P, 3) float32 or None,
+#               "labels": (S,) int64} per split, plus the class names.
+
+
+def _resolve_listed(root: Path, line: str) -> Path:
+    direct = root / line
+    return direct if direct.is_file() else root / Path(line).name
+
+
+def load_h5_layout(root: Path, want_normals: bool) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Read the ``modelnet40_ply_hdf5_2048`` layout into memory."""
+    import h5py
+
+    names = read_list_file(root / "shape_names.txt", "class file (shape_names.txt)")
+    splits: dict[str, dict[str, Any]] = {}
+    for split in ("train", "test"):
+        listing = root / f"{split}_files.txt"
+        points, labels, normals = [], [], []
+        for line in read_list_file(listing, f"{split} file list"):
+            path = _resolve_listed(root, line)
+            if not path.is_file():
+                raise DataError(f"{listing}: listed file '{line}' not found under {root}")
+            try:
+                with h5py.File(path, "r") as fh:
+                    for key in ("data", "label"):
+                        if key not in fh:
+                            raise DataError(f"{path}: missing key '{key}' (keys: {', '.join(fh.keys())})")
+                    data = np.asarray(fh["data"], dtype=np.float32)  # (n, P, 3)
+                    label = np.asarray(fh["label"]).reshape(-1).astype(np.int64)  # (n,)
+                    if want_normals:
+                        if "normal" not in fh:
+                            raise DataError(f"{path}: feature 'normal' asked but the file has no 'normal' key")
+                        normals.append(np.asarray(fh["normal"], dtype=np.float32))
+            except OSError as exc:
+                raise DataError(f"{path}: not a readable HDF5 file ({exc})") from exc
+            if data.ndim != 3 or data.shape[2] != 3 or data.shape[0] != label.shape[0]:
+                raise DataError(f"{path}: 'data' has shape {data.shape} and 'label' {label.shape}; expected (n, P, 3) and (n, 1)")
+            if label.size and (label.min() < 0 or label.max() >= len(names)):
+                raise DataError(f"{path}: labels {label.min()}..{label.max()} outside 0..{len(names) - 1} of shape_names.txt")
+            points.append(data)
+            labels.append(label)
+        splits[split] = {
+            "points": np.concatenate(points),
+            "labels": np.concatenate(labels),
+            "normals": np.concatenate(normals) if want_normals else None,
+        }
+    return names, splits
+
+
+def _load_txt_shape(path: Path, num_points: int) -> np.ndarray:
+    try:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float32, max_rows=num_points, ndmin=2)  # (P, 6)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: expected lines 'x,y,z,nx,ny,nz' ({exc})") from exc
+    if table.shape[0] < num_points or table.shape[1] < 6:
+        raise DataError(f"{path}: has {table.shape[0]} points of {table.shape[1]} values, need {num_points} of 6")
+    return table[:, :6]
+
+
+def _cached(cache: Path, build: Any) -> dict[str, np.ndarray]:
+    if not (cache / "meta.json").is_file():
+        arrays = build()
+        save_arrays_atomic(cache, arrays)
+    return load_arrays(cache, ["points", "normals", "labels"], mmap=False)
+
+
+def load_normal_resampled_layout(
+    root: Path, variant: str, num_points: int, cache_dir: Path
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Read the ``modelnet40_normal_resampled`` layout (converted once into the cache)."""
+    names = read_list_file(root / f"{variant}_shape_names.txt", f"class file ({variant}_shape_names.txt)")
+    index = {n: i for i, n in enumerate(names)}
+    splits: dict[str, dict[str, Any]] = {}
+    for split in ("train", "test"):
+        listing = root / f"{variant}_{split}.txt"
+        ids = read_list_file(listing, f"{split} shape list")
+        key = cache_key("modelnet-txt-v1", file_identity(listing), str(root.resolve()), num_points)
+
+        def build(ids: list[str] = ids, listing: Path = listing) -> dict[str, np.ndarray]:
+            pts = np.empty((len(ids), num_points, 6), dtype=np.float32)  # (S, P, 6)
+            labels = np.empty(len(ids), dtype=np.int64)
+            for j, shape_id in enumerate(progress(ids, f"ModelNet {listing.name}")):
+                cls = shape_id.rsplit("_", 1)[0]
+                if cls not in index:
+                    raise DataError(f"{listing}: shape '{shape_id}' has class '{cls}' not in {variant}_shape_names.txt")
+                pts[j] = _load_txt_shape(root / cls / f"{shape_id}.txt", num_points)
+                labels[j] = index[cls]
+            return {"points": pts[:, :, :3].copy(), "normals": pts[:, :, 3:].copy(), "labels": labels}
+
+        arrays = _cached(cache_dir / "modelnet" / key, build)
+        splits[split] = arrays
+    return names, splits
+
+
+def load_off_layout(root: Path, num_points: int, seed: int, cache_dir: Path) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Sample raw ``.off`` meshes once (area-weighted, unit sphere) into the cache."""
+    names = sorted(d.name for d in root.iterdir() if d.is_dir() and ((d / "train").is_dir() or (d / "test").is_dir()))
+    if not names:
+        raise DataError(f"{root}: no class folders with train/ or test/ inside")
+    splits: dict[str, dict[str, Any]] = {}
+    for split in ("train", "test"):
+        files = [(c, p) for c, name in enumerate(names) for p in sorted((root / name / split).glob("*.off"))]
+        if not files:
+            raise DataError(f"{root}: no {split} meshes (<class>/{split}/*.off)")
+        key = cache_key("modelnet-off-v1", [file_identity(p) for _, p in files], num_points, seed)
+
+        def build(files: list[tuple[int, Path]] = files, split: str = split) -> dict[str, np.ndarray]:
+            pts = np.empty((len(files), num_points, 3), dtype=np.float32)  # (S, P, 3)
+            nrm = np.empty((len(files), num_points, 3), dtype=np.float32)  # (S, P, 3)
+            for j, (_, path) in enumerate(progress(files, f"ModelNet {split} meshes")):
+                vertices, faces = read_off(path)
+                p, n = sample_mesh_surface(vertices, faces, num_points, np.random.default_rng([seed, j]), return_normals=True)
+                p = p - p.mean(axis=0)
+                pts[j] = p / max(float(np.linalg.norm(p, axis=1).max()), 1e-12)
+                nrm[j] = n
+            return {"points": pts, "normals": nrm, "labels": np.array([c for c, _ in files], dtype=np.int64)}
+
+        splits[split] = _cached(cache_dir / "modelnet" / key, build)
+    return names, splits
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class ShapeDataset(PointDataset):
+    """Shapes held in memory: the first ``num_points`` points of each, one class label."""
+
+    def __init__(
+        self,
+        points: np.ndarray,
+        normals: np.ndarray | None,
+        labels: np.ndarray,
+        index: np.ndarray,
+        num_points: int,
+        *,
+        transform: Compose | None,
+        features: list[str],
+        train: bool,
+        seed: int,
+    ) -> None:
+        super().__init__(transform, features, train=train, seed=seed)
+        self.points = points  # (S, P, 3)
+        self.normals = normals  # (S, P, 3) or None
+        self.labels = labels  # (S,)
+        self.index = np.asarray(index, dtype=np.int64)
+        self.num_points = num_points
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def describe_item(self, index: int) -> str:
+        return f"shape {int(self.index[index])}"
+
+    def load(self, index: int, rng: np.random.Generator) -> Sample:
+        j = int(self.index[index])
+        sample: Sample = {
+            "coord": np.array(self.points[j, : self.num_points], dtype=np.float32),  # (P, 3)
+            "label": np.int64(self.labels[j]),
+        }
+        if self.normals is not None:
+            sample["normal"] = np.array(self.normals[j, : self.num_points], dtype=np.float32)  # (P, 3)
+        return sample
+
+
+def predict_modelnet_file(
+    cfg: ModelNetConfig,
+    state: dict[str, Any],
+    predict: PredictFn,
+    input_path: Path,
+    output_path: Path,
+    batch_size: int,
+) -> Path:
+    """Classify one shape file (.off/.ply mesh: surface-sampled; point files: first points).
+
+    The shape is brought to the unit sphere as in training. Output by suffix:
+    ``.json`` (class name, index and per-class probabilities) or ``.npy``
+    (probabilities (num_classes,) float32).
+    """
+    input_path, output_path = Path(input_path), Path(output_path)
+    suffix = output_path.suffix.lower()
+    if suffix not in (".json", ".npy"):
+        raise DataError(f"{output_path}: unsupported output suffix '{output_path.suffix}'; use .json or .npy")
+    num_points = int(state_value(state, "num_points", "modelnet"))
+    features = list(state_value(state, "features", "modelnet"))
+    class_names = [str(n) for n in state_value(state, "class_names", "modelnet")]
+    data = read_point_file(input_path)
+    if "faces" in data and len(data["faces"]):
+        coord, normal = sample_mesh_surface(data["coord"], data["faces"], num_points, seed=0, return_normals=True)
+        sample: Sample = {"coord": coord, "normal": normal}
+    else:
+        sample = FixedPoints(num_points)({k: v for k, v in data.items() if k in ("coord", "normal")})
+    if "normal" in features and "normal" not in sample:
+        raise DataError(f"{input_path}: the model uses normals but the file has none")
+    sample = NormalizeScale()(sample)
+    sample = build_transforms(cfg.eval_transforms, "data.eval_transforms")(sample, np.random.default_rng(0))
+    batch = collate_points([assemble_features(sample, features, str(input_path))])
+    with torch.no_grad():
+        logits = predict(batch).detach().float().cpu()  # (1, C)
+    if logits.shape != (1, len(class_names)):
+        raise DataError(f"predict returned logits of shape {tuple(logits.shape)}, expected (1, {len(class_names)})")
+    prob = torch.softmax(logits[0], dim=0).numpy()  # (C,)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".npy":
+        np.save(output_path, prob.astype(np.float32))
+        return output_path
+    best = int(prob.argmax())
+    report = {"file": str(input_path), "class": class_names[best], "index": best,
+              "probabilities": {name: round(float(p), 6) for name, p in zip(class_names, prob, strict=True)}}
+    atomic_write_bytes(output_path, (json.dumps(report, indent=1) + "\n").encode())
+    return output_path
+
+
+@DATASETS.register("modelnet", config=ModelNetConfig, predictor=predict_modelnet_file)
+def build_modelnet(cfg: ModelNetConfig, ctx: BuildContext) -> PointTask:
+    """ModelNet10/40 shape classification (h5, normal_resampled text or raw .off layouts)."""
+    root = ctx.resolve(cfg.root) if cfg.root else default_data_root() / "modelnet10_hdf5_1024"
+    if not root.is_dir():
+        raise DataError(f"{root}: ModelNet folder not found (set data.root; see datasets/modelnet/README.md)")
+    layout = detect_layout(root) if cfg.layout == "auto" else cfg.layout
+    want_normals = "normal" in cfg.features
+    if layout == "h5":
+        names, splits = load_h5_layout(root, want_normals)
+    elif layout == "normal_resampled":
+        names, splits = load_normal_resampled_layout(root, cfg.variant, cfg.num_points, ctx.cache_dir)
+    else:
+        names, splits = load_off_layout(root, cfg.num_points, cfg.sample_seed, ctx.cache_dir)
+    available = splits["train"]["points"].shape[1]
+    if available < cfg.num_points:
+        raise DataError(f"{root}: shapes have {available} points, fewer than num_points={cfg.num_points}")
+    train_idx, val_idx = stratified_holdout(splits["train"]["labels"], cfg.val_fraction, cfg.split_seed)
+    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
+                                "data.train_transforms")
+    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+    normals = {s: (splits[s]["normals"] if want_normals else None) for s in splits}
+
+    def make(split: str, index: np.ndarray, train: bool) -> Any:
+        source = "train" if split != "test" else "test"
+        arr = splits[source]
+        return lambda: ShapeDataset(
+            arr["points"], normals[source], arr["labels"], index, cfg.num_points,
+            transform=train_tf if train else eval_tf, features=cfg.features, train=train, seed=ctx.seed,
+        )
+
+    test_idx = np.arange(len(splits["test"]["labels"]))
+    info = DataInfo(
+        num_classes=len(names),
+        class_names=list(names),
+        in_channels=feature_channels(cfg.features),
+        extras={"task": "classification", "num_points": cfg.num_points, "features": list(cfg.features)},
+    )
+    protocol = {
+        "dataset": "modelnet",
+        "layout": layout,
+        "root": str(root),
+        "num_points": cfg.num_points,
+        "features": list(cfg.features),
+        "val": f"{cfg.val_fraction:g} of each training class, seed {cfg.split_seed}",
+        "test": "official test split (never used for model selection)",
+        "train_transforms": repr(train_tf),
+        "eval_transforms": repr(eval_tf),
+    }
+    state = {"num_points": cfg.num_points, "features": list(cfg.features), "layout": layout}
+    return PointTask(
+        info,
+        {"train": make("train", train_idx, True), "val": make("val", val_idx, False), "test": make("test", test_idx, False)},
+        protocol=protocol,
+        state=state,
+    )

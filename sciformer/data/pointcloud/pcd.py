@@ -1,0 +1,131 @@
+"""PCD files (Point Cloud Library): ascii, binary and binary_compressed (built-in LZF decoder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sciformer.data.pointcloud._fields import PointData, fail, from_named_columns
+
+def lzf_decompress(data: bytes, out_len: int) -> bytes:
+    """Decode an LZF stream (as used by PCD ``binary_compressed``) of known output size."""
+    out = bytearray(out_len)
+    i = o = 0
+    n = len(data)
+    while i < n:
+        ctrl = data[i]
+        i += 1
+        if ctrl < 32:  # literal run of ctrl + 1 bytes
+            length = ctrl + 1
+            if i + length > n or o + length > out_len:
+                raise ValueError("literal run past the end")
+            out[o : o + length] = data[i : i + length]
+            i += length
+            o += length
+            continue
+        length = ctrl >> 5
+        if length == 7:
+            if i >= n:
+                raise ValueError("truncated back-reference")
+            length += data[i]
+            i += 1
+        if i >= n:
+            raise ValueError("truncated back-reference")
+        ref = o - ((ctrl & 0x1F) << 8) - 1 - data[i]
+        i += 1
+        length += 2
+        if ref < 0 or o + length > out_len:
+            raise ValueError("back-reference out of range")
+        if ref + length <= o:
+            out[o : o + length] = out[ref : ref + length]
+        else:  # overlapping copy, byte by byte
+            for k in range(length):
+                out[o + k] = out[ref + k]
+        o += length
+    if o != out_len:
+        raise ValueError(f"decoded {o} bytes, header says {out_len}")
+    return bytes(out)
+
+
+def read_pcd(path: Path) -> PointData:
+    with open(path, "rb") as fh:
+        header: dict[str, list[str]] = {}
+        for lineno in range(1, 200):
+            raw = fh.readline()
+            if not raw:
+                raise fail(path, "PCD header has no DATA line")
+            words = raw.decode("ascii", errors="replace").split()
+            if not words or words[0].startswith("#"):
+                continue
+            header[words[0].upper()] = words[1:]
+            if words[0].upper() == "DATA":
+                break
+        body = fh.read()
+    try:
+        fields = header["FIELDS"]
+        sizes = [int(s) for s in header["SIZE"]]
+        types = header["TYPE"]
+        counts = [int(c) for c in header.get("COUNT", ["1"] * len(fields))]
+        npoints = int(header["POINTS"][0]) if "POINTS" in header else int(header["WIDTH"][0]) * int(header["HEIGHT"][0])
+        mode = header["DATA"][0].lower()
+    except (KeyError, IndexError, ValueError) as exc:
+        raise fail(path, f"bad PCD header (missing or malformed {exc})") from exc
+    if not (len(fields) == len(sizes) == len(types) == len(counts)):
+        raise fail(path, "PCD header FIELDS, SIZE, TYPE and COUNT have different lengths")
+    kinds = {"F": "f", "I": "i", "U": "u"}
+    try:
+        dtypes = [np.dtype(f"<{kinds[t.upper()]}{s}") for t, s in zip(types, sizes, strict=True)]
+    except (KeyError, TypeError) as exc:
+        raise fail(path, f"unsupported PCD TYPE/SIZE {types}/{sizes}") from exc
+    columns: dict[str, np.ndarray] = {}
+    if mode == "ascii":
+        text = body.decode("ascii", errors="replace").split()
+        width = sum(counts)
+        if len(text) < width * npoints:
+            raise fail(path, f"truncated PCD: {len(text)} values for {npoints} points of {width}")
+        table = np.asarray(text[: width * npoints], dtype=np.float64).reshape(npoints, width)  # (n, width)
+        col = 0
+        for name, dt, c in zip(fields, dtypes, counts, strict=True):
+            values = table[:, col : col + c]
+            if name in ("rgb", "rgba"):
+                values = values.astype(np.float32) if dt.kind == "f" else values.astype(np.uint32)
+            columns[name] = values.astype(dt)[:, 0] if c == 1 else values.astype(dt)
+            col += c
+    elif mode == "binary":
+        dtype = np.dtype([(name, dt, (c,)) if c > 1 else (name, dt) for name, dt, c in zip(fields, dtypes, counts, strict=True)])
+        if len(body) < dtype.itemsize * npoints:
+            raise fail(path, f"truncated PCD: {len(body)} bytes for {npoints} points of {dtype.itemsize}")
+        arr = np.frombuffer(body, dtype=dtype, count=npoints)
+        columns = {name: arr[name] for name in fields}
+    elif mode == "binary_compressed":
+        if len(body) < 8:
+            raise fail(path, "truncated PCD binary_compressed block")
+        csize, usize = np.frombuffer(body[:8], dtype="<u4")
+        try:
+            raw = lzf_decompress(body[8 : 8 + int(csize)], int(usize))
+        except ValueError as exc:
+            raise fail(path, f"corrupt PCD binary_compressed data ({exc})") from exc
+        pos = 0
+        for name, dt, c in zip(fields, dtypes, counts, strict=True):  # column-major layout
+            nbytes = dt.itemsize * c * npoints
+            values = np.frombuffer(raw, dtype=dt, count=c * npoints, offset=pos)
+            columns[name] = values if c == 1 else values.reshape(npoints, c)
+            pos += nbytes
+    else:
+        raise fail(path, f"unknown PCD DATA mode {mode!r}; expected ascii, binary or binary_compressed")
+    for name in ("rgb", "rgba"):
+        if name in columns:
+            packed = np.ascontiguousarray(columns.pop(name)).view(np.uint32)  # (n,)
+            columns["red"] = ((packed >> 16) & 255).astype(np.uint8)
+            columns["green"] = ((packed >> 8) & 255).astype(np.uint8)
+            columns["blue"] = (packed & 255).astype(np.uint8)
+    columns.pop("_", None)
+    columns = {k: v for k, v in columns.items() if v.ndim == 1}  # per-point scalars only
+    out = from_named_columns(path, columns)
+    keep = np.all(np.isfinite(out["coord"]), axis=1)  # organised clouds mark holes with NaN
+    if not keep.all():
+        n = out["coord"].shape[0]
+        out = {k: (v[keep] if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n else v)
+               for k, v in out.items()}
+    return out

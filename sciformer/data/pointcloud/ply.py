@@ -1,0 +1,213 @@
+"""PLY files: reader (ascii, binary little/big endian; vertices and faces) and writer.
+
+:func:`write_ply` writes binary little-endian PLY atomically, the format prediction
+files use (x, y, z, colour, predicted and true labels).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sciformer.data.pointcloud._fields import PointData, atomic_write_bytes, fail, from_named_columns, triangulate
+from sciformer.errors import DataError
+
+_PLY_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2",
+    "ushort": "u2", "uint16": "u2", "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
+    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
+}
+
+
+def _ply_header(path: Path, fh: Any) -> tuple[str, list[dict[str, Any]]]:
+    if fh.readline().strip() != b"ply":
+        raise fail(path, "not a PLY file (first line is not 'ply')")
+    fmt = None
+    elements: list[dict[str, Any]] = []
+    for lineno in range(2, 10_000):
+        raw = fh.readline()
+        if not raw:
+            raise fail(path, "PLY header has no 'end_header'")
+        words = raw.decode("ascii", errors="replace").split()
+        if not words or words[0] in ("comment", "obj_info"):
+            continue
+        if words[0] == "end_header":
+            break
+        try:
+            if words[0] == "format":
+                fmt = words[1]
+            elif words[0] == "element":
+                elements.append({"name": words[1], "count": int(words[2]), "props": []})
+            elif words[0] == "property":
+                if words[1] == "list":
+                    elements[-1]["props"].append((words[4], "list", _PLY_TYPES[words[2]], _PLY_TYPES[words[3]]))
+                else:
+                    elements[-1]["props"].append((words[2], _PLY_TYPES[words[1]]))
+            else:
+                raise KeyError(words[0])
+        except (IndexError, KeyError, ValueError) as exc:
+            raise DataError(f"{path}:{lineno}: bad PLY header line {' '.join(words)!r}") from exc
+    if fmt not in ("ascii", "binary_little_endian", "binary_big_endian"):
+        raise fail(path, f"unknown PLY format {fmt!r}; expected ascii, binary_little_endian or binary_big_endian")
+    return fmt, elements
+
+
+def _ply_read_binary(path: Path, fh: Any, fmt: str, elements: list[dict[str, Any]]) -> dict[str, Any]:
+    order = "<" if fmt == "binary_little_endian" else ">"
+    data = fh.read()
+    pos = 0
+    out: dict[str, Any] = {}
+    for el in elements:
+        props, count = el["props"], el["count"]
+        if all(len(p) == 2 for p in props):
+            dtype = np.dtype([(name, order + t) for name, t in props])
+            nbytes = dtype.itemsize * count
+            if pos + nbytes > len(data):
+                raise fail(path, f"truncated PLY: element '{el['name']}' needs {nbytes} bytes, {len(data) - pos} left")
+            out[el["name"]] = np.frombuffer(data, dtype=dtype, count=count, offset=pos)
+            pos += nbytes
+            continue
+        if el["name"] == "face" and len(props) == 1:
+            _, _, ctype, itype = props[0]
+            # Fast path: every face a triangle.
+            tri = np.dtype([("n", order + ctype), ("v", order + itype, (3,))])
+            nbytes = tri.itemsize * count
+            if pos + nbytes <= len(data):
+                arr = np.frombuffer(data, dtype=tri, count=count, offset=pos)
+                if np.all(arr["n"] == 3):
+                    out["face"] = arr["v"].astype(np.int64)  # (m, 3)
+                    pos += nbytes
+                    continue
+        # General path: element by element (lists of any length).
+        rows: list[list[Any]] = []
+        for _ in range(count):
+            row = []
+            for prop in props:
+                if len(prop) == 2:
+                    dt = np.dtype(order + prop[1])
+                    row.append(np.frombuffer(data, dt, 1, pos)[0])
+                    pos += dt.itemsize
+                else:
+                    cdt, idt = np.dtype(order + prop[2]), np.dtype(order + prop[3])
+                    n = int(np.frombuffer(data, cdt, 1, pos)[0])
+                    pos += cdt.itemsize
+                    row.append(np.frombuffer(data, idt, n, pos))
+                    pos += idt.itemsize * n
+            rows.append(row)
+        if el["name"] == "face":
+            first_list = next(i for i, p in enumerate(props) if len(p) == 4)
+            out["face"] = [row[first_list] for row in rows]
+        else:
+            out[el["name"]] = rows
+    return out
+
+
+def _ply_read_ascii(path: Path, fh: Any, elements: list[dict[str, Any]]) -> dict[str, Any]:
+    lines = fh.read().decode("ascii", errors="replace").splitlines()
+    lines = [ln for ln in lines if ln.strip() and not ln.startswith("comment")]
+    pos = 0
+    out: dict[str, Any] = {}
+    for el in elements:
+        props, count = el["props"], el["count"]
+        block = lines[pos : pos + count]
+        if len(block) < count:
+            raise fail(path, f"truncated PLY: element '{el['name']}' has {len(block)} of {count} lines")
+        if all(len(p) == 2 for p in props):
+            try:
+                table = np.loadtxt(block, dtype=np.float64, ndmin=2)  # (count, nprops)
+            except ValueError as exc:
+                raise fail(path, f"malformed '{el['name']}' line in ascii PLY ({exc})") from exc
+            if table.shape[1] < len(props):
+                raise fail(path, f"'{el['name']}' lines have {table.shape[1]} values, expected {len(props)}")
+            out[el["name"]] = {name: table[:, i].astype(t) for i, (name, t) in enumerate(props)}
+        elif el["name"] == "face":
+            faces = [[int(v) for v in ln.split()[1 : 1 + int(ln.split()[0])]] for ln in block]
+            out["face"] = faces
+        pos += count
+    return out
+
+
+def read_ply(path: Path) -> PointData:
+    with open(path, "rb") as fh:
+        fmt, elements = _ply_header(path, fh)
+        names = [el["name"] for el in elements]
+        if "vertex" not in names:
+            raise fail(path, f"PLY has no 'vertex' element (elements: {', '.join(names) or 'none'})")
+        raw = _ply_read_ascii(path, fh, elements) if fmt == "ascii" else _ply_read_binary(path, fh, fmt, elements)
+    vertex = raw["vertex"]
+    if isinstance(vertex, np.ndarray):
+        columns = {name: vertex[name].astype(vertex.dtype[name].newbyteorder("=")) for name in vertex.dtype.names}
+    else:
+        columns = dict(vertex)
+    out = from_named_columns(path, columns)
+    if "face" in raw and len(raw["face"]):
+        out["faces"] = triangulate(path, raw["face"])
+    return out
+
+
+def write_ply(
+    path: str | os.PathLike[str],
+    coord: np.ndarray,
+    colour: np.ndarray | None = None,
+    normal: np.ndarray | None = None,
+    **scalar_fields: np.ndarray,
+) -> Path:
+    """Write points as binary little-endian PLY, atomically (temp file + rename).
+
+    ``coord`` (n, 3) is written as float (float32 input) or double (float64 input);
+    ``colour`` (n, 3) as uchar red/green/blue (floats in [0, 1] are scaled by 255);
+    ``normal`` (n, 3) as float nx/ny/nz; each ``scalar_fields`` entry (n,) under its
+    name (int64 is written as int32, bool as uchar), e.g. ``pred=..., label=...``.
+    """
+    path = Path(path)
+    coord = np.asarray(coord)
+    if coord.ndim != 2 or coord.shape[1] != 3:
+        raise DataError(f"write_ply {path}: coord has shape {coord.shape}, expected (n, 3)")
+    n = coord.shape[0]
+    ctype = "f8" if coord.dtype == np.float64 else "f4"
+    fields: list[tuple[str, str, np.ndarray]] = [(axis, ctype, coord[:, i]) for i, axis in enumerate("xyz")]
+    if normal is not None:
+        normal = np.asarray(normal, dtype=np.float32)  # (n, 3)
+        if normal.shape != (n, 3):
+            raise DataError(f"write_ply {path}: normal has shape {normal.shape}, expected ({n}, 3)")
+        fields += [(name, "f4", normal[:, i]) for i, name in enumerate(("nx", "ny", "nz"))]
+    if colour is not None:
+        colour = np.asarray(colour)  # (n, 3)
+        if colour.shape != (n, 3):
+            raise DataError(f"write_ply {path}: colour has shape {colour.shape}, expected ({n}, 3)")
+        if np.issubdtype(colour.dtype, np.floating):
+            colour = np.round(np.clip(colour, 0.0, 1.0) * 255.0)
+        colour = np.clip(colour, 0, 255).astype(np.uint8)
+        fields += [(name, "u1", colour[:, i]) for i, name in enumerate(("red", "green", "blue"))]
+    type_names = {"f4": "float", "f8": "double", "u1": "uchar", "i1": "char", "u2": "ushort",
+                  "i2": "short", "u4": "uint", "i4": "int"}
+    for name, values in scalar_fields.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise DataError(f"write_ply {path}: field name {name!r} is not a plain identifier")
+        values = np.asarray(values)
+        if values.shape != (n,):
+            raise DataError(f"write_ply {path}: field '{name}' has shape {values.shape}, expected ({n},)")
+        if values.dtype == np.bool_:
+            values = values.astype(np.uint8)
+        elif values.dtype in (np.int64, np.uint64):
+            values = values.astype(np.int32)
+        elif values.dtype == np.float16:
+            values = values.astype(np.float32)
+        code = values.dtype.str[1:]
+        if code not in type_names:
+            raise DataError(f"write_ply {path}: field '{name}' has unsupported dtype {values.dtype}")
+        fields.append((name, code, values))
+    dtype = np.dtype([(name, "<" + code) for name, code, _ in fields])
+    table = np.empty(n, dtype=dtype)
+    for name, _, values in fields:
+        table[name] = values
+    header = ["ply", "format binary_little_endian 1.0", "comment written by sciformer", f"element vertex {n}"]
+    header += [f"property {type_names[code]} {name}" for name, code, _ in fields]
+    header.append("end_header")
+    payload = ("\n".join(header) + "\n").encode("ascii") + table.tobytes()
+    atomic_write_bytes(path, payload)
+    return path

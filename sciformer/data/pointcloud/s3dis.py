@@ -1,0 +1,372 @@
+"""S3DIS indoor semantic segmentation (Stanford 3D Indoor Scenes, 6 areas, 13 classes).
+
+Get ``Stanford3dDataset_v1.2_Aligned_Version`` from the Stanford form (research
+use); see ``datasets/s3dis/README.md``. Expected layout::
+
+    root/Area_1/conferenceRoom_1/Annotations/chair_1.txt   lines 'x y z r g b'
+    root/Area_1/conferenceRoom_1/Annotations/wall_3.txt
+    ...
+    root/Area_6/...
+
+The class of each annotation file is its name before the last ``_``; ``stairs``
+counts as ``clutter`` (as usual). The release has malformed lines (e.g. a stray
+control character in ``Area_5/hallway_6``); ``malformed_lines: skip`` drops them
+with a warning naming the file and count, ``error`` stops at ``file:line``.
+
+Rooms are converted once into ``ctx.cache_dir/s3dis/<key>/Area_N/<room>/``
+(``coord.npy`` float32, ``colour.npy`` uint8, ``label.npy`` uint8), never beside
+the raw data. z is measured from each room's lowest point.
+
+Splits: ``test_area`` (default 5) is held out for test; validation is either a
+whole ``val_area`` or a seeded ``val_fraction`` of the training rooms (never the
+test area). Training items are crops of grid-sampled rooms (``sphere``: the
+``crop_points`` nearest points to a random point; ``box``: a random
+``box_size`` x ``box_size`` m column resampled to ``crop_points``; ``none``: the
+whole room); each room appears ``loop`` times per epoch. Validation and test items
+are whole grid-sampled rooms (split into parts of at most ``eval_max_points``);
+the test metrics written at export are computed on every original point.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.pointcloud.io import parse_text_table, read_point_file
+from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.sample import check_features, collate_points, feature_channels
+from sciformer.data.pointcloud.scenes import (
+    ArrayScene,
+    check_eval_transform_specs,
+    predict_scene,
+    SceneEvalDataset,
+    SceneSegmentationTask,
+    SceneSource,
+    write_point_predictions,
+)
+from sciformer.data.pointcloud.task import PointDataset, progress, state_value
+from sciformer.errors import ConfigError, DataError
+from sciformer.pointcloud.transforms import (
+    CenterShift,
+    Compose,
+    GridSample,
+    Sample,
+    SphereCrop,
+    build_transforms,
+    check_transform_specs,
+    index_points,
+)
+from sciformer.registry import DATASETS
+
+S3DIS_CLASSES = [
+    "ceiling", "floor", "wall", "beam", "column", "window", "door",
+    "table", "chair", "sofa", "bookcase", "board", "clutter",
+]
+CLASS_ALIASES = {"stairs": "clutter"}
+
+DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
+    {"name": "random_rotate", "axis": "z", "angle": [-180, 180]},
+    {"name": "random_scale", "scale": [0.9, 1.1]},
+    {"name": "random_flip", "axes": ["x"], "p": 0.5},
+    {"name": "random_jitter", "sigma": 0.005, "clip": 0.02},
+    {"name": "chromatic_auto_contrast", "p": 0.2},
+    {"name": "chromatic_jitter", "p": 0.95, "std": 0.05},
+]
+
+TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
+EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
+
+
+class S3DISConfig(BaseModel):
+    """``data:`` parameters of the ``s3dis`` dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str | None = None  # default: $SCIFORMER_DATA/Stanford3dDataset_v1.2_Aligned_Version
+    test_area: int = Field(5, ge=1, le=6)
+    val_area: int | None = Field(None, ge=1, le=6)  # None: val_fraction of the training rooms
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    split_seed: int = 0
+    malformed_lines: Literal["skip", "error"] = "skip"
+    grid_size: float | None = Field(0.04, gt=0)  # metres; None: no grid sampling
+    crop: Literal["sphere", "box", "none"] = "sphere"
+    crop_points: int = Field(24000, gt=0)
+    box_size: float = Field(1.0, gt=0)  # metres (crop: box)
+    loop: int = Field(1, ge=1)  # training items per room and epoch
+    eval_max_points: int | None = Field(300000, gt=0)  # split bigger evaluation rooms into parts
+    features: Annotated[list[str], AfterValidator(lambda v: check_features(v, ["coord", "colour", "height"]))] = [
+        "coord", "colour"
+    ]
+    train_transforms: TransformList = None  # None: DEFAULT_TRAIN_TRANSFORMS; []: none
+    eval_transforms: EvalTransformList = None
+
+
+# --------------------------------------------------------------------------- preparation
+
+
+def annotation_class(path: Path) -> int:
+    """Class index of an annotation file from its name (``chair_3.txt`` -> chair)."""
+    name = path.stem.rsplit("_", 1)[0]
+    name = CLASS_ALIASES.get(name, name)
+    if name not in S3DIS_CLASSES:
+        raise DataError(f"{path}: unknown class '{name}' in file name; expected one of {', '.join(S3DIS_CLASSES)} (or stairs)")
+    return S3DIS_CLASSES.index(name)
+
+
+def find_rooms(root: Path) -> list[tuple[int, str, Path]]:
+    """(area number, room name, room folder) of every room with an Annotations folder."""
+    rooms = []
+    for area_dir in sorted(root.glob("Area_*")):
+        match = re.fullmatch(r"Area_(\d+)", area_dir.name)
+        if not match or not area_dir.is_dir():
+            continue
+        for room_dir in sorted(p for p in area_dir.iterdir() if (p / "Annotations").is_dir()):
+            rooms.append((int(match.group(1)), room_dir.name, room_dir))
+    if not rooms:
+        raise DataError(f"{root}: no rooms found (expected Area_N/<room>/Annotations/*.txt)")
+    return rooms
+
+
+def prepare_room(room_dir: Path, out: Path, malformed: str) -> dict[str, Any]:
+    """Convert one room's annotation files into ``coord/colour/label.npy`` in ``out``."""
+    files = sorted((room_dir / "Annotations").glob("*.txt"))
+    if not files:
+        raise DataError(f"{room_dir / 'Annotations'}: no annotation files (<class>_<i>.txt)")
+    coords, colours, labels = [], [], []
+    skipped: dict[str, list[int]] = {}
+    for path in files:
+        cls = annotation_class(path)
+        table, bad = parse_text_table(path, 6, delimiter=None, malformed=malformed)  # (n, 6)
+        if bad:
+            skipped[path.name] = bad
+            warnings.warn(f"{path}: skipped {len(bad)} malformed line(s) (first: line {bad[0]})", stacklevel=2)
+        coords.append(table[:, :3].astype(np.float32))
+        colours.append(np.clip(np.round(table[:, 3:6]), 0, 255).astype(np.uint8))
+        labels.append(np.full(len(table), cls, dtype=np.uint8))
+    arrays = {"coord": np.concatenate(coords), "colour": np.concatenate(colours), "label": np.concatenate(labels)}
+    meta = {"points": int(len(arrays["label"])), "skipped_lines": skipped, "files": len(files)}
+    save_arrays_atomic(out, arrays, meta)
+    return meta
+
+
+def prepare_s3dis(root: Path, cache_root: Path, malformed: str) -> list[dict[str, Any]]:
+    """Convert every room once (resumable); returns room records with their cache folders."""
+    rooms = find_rooms(root)
+    records = []
+    todo = [(a, r, d) for a, r, d in rooms if not (cache_root / f"Area_{a}" / r / "meta.json").is_file()]
+    for area, room, room_dir in progress(todo, "S3DIS rooms"):
+        prepare_room(room_dir, cache_root / f"Area_{area}" / room, malformed)
+    for area, room, _ in rooms:
+        folder = cache_root / f"Area_{area}" / room
+        meta = json.loads((folder / "meta.json").read_text())
+        records.append({"area": area, "room": room, "folder": folder, **meta})
+    return records
+
+
+def load_room(folder: Path) -> Sample:
+    """A prepared room: coord (n, 3) float32 with z from the room's lowest point,
+    colour (n, 3) float32 in [0, 1], label (n,) int64."""
+    arrays = load_arrays(folder, ["coord", "colour", "label"])
+    if len(arrays) != 3:
+        raise DataError(f"{folder}: incomplete prepared room (delete the folder to prepare it again)")
+    coord = np.array(arrays["coord"], dtype=np.float32)  # (n, 3)
+    coord[:, 2] -= coord[:, 2].min()
+    return {
+        "coord": coord,
+        "colour": np.asarray(arrays["colour"], dtype=np.float32) / 255.0,  # (n, 3)
+        "label": np.asarray(arrays["label"], dtype=np.int64),  # (n,)
+    }
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+class S3DISRooms(SceneSource):
+    """Prepared rooms as whole scenes (evaluation on every original point)."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def name(self, index: int) -> str:
+        r = self.records[index]
+        return f"Area_{r['area']}_{r['room']}"
+
+    def key(self, index: int) -> str:
+        r = self.records[index]
+        return f"{r['folder']}:{r['points']}"
+
+    def load(self, index: int) -> Sample:
+        return load_room(self.records[index]["folder"])
+
+
+def box_crop(sample: Sample, size: float, n: int, rng: np.random.Generator, tries: int = 10) -> Sample:
+    """A random ``size`` x ``size`` xy column around a random point, resampled to ``n`` points."""
+    coord = sample["coord"]  # (m, 3)
+    best = np.zeros(0, dtype=np.int64)
+    for _ in range(tries):
+        centre = coord[rng.integers(len(coord)), :2]
+        inside = np.flatnonzero(np.all(np.abs(coord[:, :2] - centre) <= size / 2, axis=1))
+        if len(inside) > len(best):
+            best = inside
+        if len(best) >= n:
+            break
+    pick = rng.choice(best, n, replace=len(best) < n)  # (n,)
+    return index_points(sample, pick)
+
+
+class S3DISTrainDataset(PointDataset):
+    """Training crops of grid-sampled rooms (a new crop each time an item is drawn)."""
+
+    def __init__(self, records: list[dict[str, Any]], cfg: S3DISConfig, transform: Compose, seed: int) -> None:
+        super().__init__(transform, cfg.features, train=True, seed=seed)
+        self.records = records
+        self.cfg = cfg
+        self._grid = GridSample(cfg.grid_size, mode="train") if cfg.grid_size else None
+        self._sphere = SphereCrop(cfg.crop_points, mode="random")
+        self._shift = CenterShift(z="keep")
+
+    def __len__(self) -> int:
+        return len(self.records) * self.cfg.loop
+
+    def describe_item(self, index: int) -> str:
+        r = self.records[index % len(self.records)]
+        return f"Area_{r['area']}/{r['room']}"
+
+    def load(self, index: int, rng: np.random.Generator) -> Sample:
+        sample = load_room(self.records[index % len(self.records)]["folder"])
+        if self._grid is not None:
+            sample = self._grid(sample, rng)
+            sample.pop("inverse", None)
+        if self.cfg.crop == "sphere":
+            sample = self._sphere(sample, rng)
+        elif self.cfg.crop == "box":
+            sample = box_crop(sample, self.cfg.box_size, self.cfg.crop_points, rng)
+        return self._shift(sample)
+
+
+def _split_rooms(records: list[dict[str, Any]], cfg: S3DISConfig) -> dict[str, list[dict[str, Any]]]:
+    if cfg.val_area is not None and cfg.val_area == cfg.test_area:
+        raise ConfigError(f"data.val_area: {cfg.val_area} is the test area; validation must not use test data")
+    test = [r for r in records if r["area"] == cfg.test_area]
+    rest = [r for r in records if r["area"] != cfg.test_area]
+    if not test:
+        raise DataError(f"no rooms in test area {cfg.test_area} (areas found: {sorted({r['area'] for r in records})})")
+    if cfg.val_area is not None:
+        val = [r for r in rest if r["area"] == cfg.val_area]
+        train = [r for r in rest if r["area"] != cfg.val_area]
+        if not val:
+            raise DataError(f"no rooms in val area {cfg.val_area}")
+    else:
+        order = np.random.default_rng(cfg.split_seed).permutation(len(rest))
+        k = int(round(cfg.val_fraction * len(rest)))
+        if cfg.val_fraction > 0 and len(rest) > 1:
+            k = min(max(k, 1), len(rest) - 1)
+        held = set(order[:k].tolist())
+        val = [r for i, r in enumerate(rest) if i in held]
+        train = [r for i, r in enumerate(rest) if i not in held]
+    if not train:
+        raise DataError("no training rooms left after holding out the test and validation rooms")
+    return {"train": train, "val": val, "test": test}
+
+
+def predict_s3dis_file(
+    cfg: S3DISConfig,
+    state: dict[str, Any],
+    predict: PredictFn,
+    input_path: Path,
+    output_path: Path,
+    batch_size: int,
+) -> Path:
+    """Segment every point of a room file (e.g. ``<room>.txt`` lines 'x y z r g b', .ply, .npy).
+
+    Uses the checkpoint's features and grid size; z is measured from the room's
+    lowest point as in training. Output by suffix: ``.npy`` (n,) int64 class ids, or
+    ``.ply`` (x, y, z, colour, ``pred``, ``label`` when the file has one) plus ``.npy``.
+    """
+    input_path = Path(input_path)
+    features = list(state_value(state, "features", "s3dis"))
+    class_names = list(state_value(state, "class_names", "s3dis"))
+    data = read_point_file(input_path)
+    if "colour" in features and "colour" not in data:
+        raise DataError(f"{input_path}: the model uses colour but the file has none (expected 'x y z r g b')")
+    coord = np.asarray(data["coord"], dtype=np.float64)  # (n, 3)
+    shifted = coord - np.array([0.0, 0.0, coord[:, 2].min()])
+    sample: Sample = {"coord": shifted}
+    if "colour" in data:
+        sample["colour"] = data["colour"]
+    dataset = SceneEvalDataset(
+        ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
+        part_z="keep", transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), features=features, seed=0,
+    )
+    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(class_names))
+    out: Sample = {"coord": coord, "colour": data.get("colour")}
+    if "label" in data:
+        out["label"] = data["label"]
+    return write_point_predictions(output_path, out, pred)
+
+
+@DATASETS.register("s3dis", config=S3DISConfig, predictor=predict_s3dis_file)
+def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
+    """S3DIS indoor semantic segmentation (13 classes, Area 5 held out by default)."""
+    root = ctx.resolve(cfg.root) if cfg.root else default_data_root() / "Stanford3dDataset_v1.2_Aligned_Version"
+    if not root.is_dir():
+        raise DataError(f"{root}: S3DIS folder not found (set data.root; see datasets/s3dis/README.md)")
+    cache_root = ctx.cache_dir / "s3dis" / cache_key("s3dis-v1", str(root.resolve()), cfg.malformed_lines)
+    records = prepare_s3dis(root, cache_root, cfg.malformed_lines)
+    rooms = _split_rooms(records, cfg)
+    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
+                                "data.train_transforms")
+    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+
+    def make_eval(split: str) -> Any:
+        return lambda: SceneEvalDataset(
+            S3DISRooms(rooms[split]), grid_size=cfg.grid_size, max_points=cfg.eval_max_points,
+            part_z="keep", transform=eval_tf, features=cfg.features, seed=ctx.seed, cache_dir=cache_root,
+        )
+
+    skipped = sum(len(v) for r in records for v in r["skipped_lines"].values())
+    info = DataInfo(
+        num_classes=len(S3DIS_CLASSES),
+        class_names=list(S3DIS_CLASSES),
+        in_channels=feature_channels(cfg.features),
+        extras={"task": "segmentation", "features": list(cfg.features), "grid_size": cfg.grid_size},
+    )
+    protocol = {
+        "dataset": "s3dis",
+        "root": str(root),
+        "test": f"Area {cfg.test_area}, every original point (export); items are grid-sampled rooms",
+        "val": (f"Area {cfg.val_area}" if cfg.val_area is not None
+                else f"{cfg.val_fraction:g} of training rooms, seed {cfg.split_seed}"),
+        "rooms": {k: len(v) for k, v in rooms.items()},
+        "grid_size": cfg.grid_size,
+        "crop": cfg.crop if cfg.crop == "none" else f"{cfg.crop} of {cfg.crop_points} points",
+        "malformed_lines": f"{cfg.malformed_lines} ({skipped} skipped)",
+        "train_transforms": repr(train_tf),
+        "eval_transforms": repr(eval_tf),
+    }
+    state = {
+        "features": list(cfg.features),
+        "grid_size": cfg.grid_size,
+        "eval_max_points": cfg.eval_max_points,
+        "class_aliases": dict(CLASS_ALIASES),
+    }
+    return SceneSegmentationTask(
+        info,
+        {
+            "train": lambda: S3DISTrainDataset(rooms["train"], cfg, train_tf, ctx.seed),
+            "val": make_eval("val"),
+            "test": make_eval("test"),
+        },
+        protocol=protocol,
+        state=state,
+    )

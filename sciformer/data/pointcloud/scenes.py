@@ -1,0 +1,382 @@
+"""Whole scenes (rooms, tiles): evaluation and prediction on every original point.
+
+A scene is grid-sampled (the inverse index kept) and split into compact parts of at
+most ``max_points`` points; each part is a dataset item. Predictions on the parts are
+gathered per scene and mapped back through the inverse to every original point, where
+the metrics are computed and predictions written (.npy, .ply).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sciformer.data.base import Batch, PredictFn
+from sciformer.data.pointcloud.cache import cache_key
+from sciformer.data.pointcloud.io import write_ply
+from sciformer.data.pointcloud.sample import split_by_offset
+from sciformer.data.pointcloud.task import PointDataset, PointTask
+from sciformer.errors import DataError
+from sciformer.pointcloud.transforms import (
+    CenterShift,
+    Compose,
+    Sample,
+    build_transforms,
+    grid_sample_indices,
+    index_points,
+)
+
+
+def check_eval_transform_specs(specs: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Pydantic ``AfterValidator`` for scene evaluation transforms: valid and keeping every point.
+
+    Scene predictions are mapped back to every original point, so evaluation
+    transforms may move points (rotate, scale) but not drop or reorder them.
+    """
+    for i, t in enumerate(build_transforms(specs, key="").transforms):
+        if not t.keeps_points:
+            raise ValueError(f"[{i}] {t!r} drops or reorders points; scene evaluation maps predictions "
+                             "back to every original point, so eval transforms must keep all points in order")
+    return specs
+
+
+class SceneSource(ABC):
+    """Whole scenes (rooms, tiles) at full resolution, for evaluation on every point."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def name(self, index: int) -> str:
+        """A file-name-safe scene name (e.g. ``Area_5_office_1``)."""
+
+    @abstractmethod
+    def key(self, index: int) -> str:
+        """A stable identity of the scene's content (for caches)."""
+
+    @abstractmethod
+    def load(self, index: int) -> Sample:
+        """coord (n, 3) float64, label (n,) int64 and optional colour/intensity/normal."""
+
+
+def partition_points(coord: np.ndarray, max_points: int | None) -> list[np.ndarray]:
+    """Split points into compact parts of at most ``max_points`` (all in one part when None).
+
+    Parts come from recursive median splits along the longer horizontal extent, so
+    they are balanced (more than ``max_points / 2`` points each) and spatially
+    compact. Returns index arrays into ``coord`` that cover every point once.
+    """
+    n = coord.shape[0]
+    if not max_points or n <= max_points:
+        return [np.arange(n)]
+    parts: list[np.ndarray] = []
+    stack = [np.arange(n)]
+    while stack:
+        idx = stack.pop()
+        if len(idx) <= max_points:
+            parts.append(idx)
+            continue
+        xy = coord[idx, :2]  # (k, 2)
+        axis = int(np.argmax(xy.max(axis=0) - xy.min(axis=0)))
+        half = len(idx) // 2
+        order = np.argpartition(xy[:, axis], half)
+        stack.extend([idx[order[half:]], idx[order[:half]]])
+    return parts
+
+
+class SceneEvalDataset(PointDataset):
+    """Every point of whole scenes, for validation and test.
+
+    Each scene is grid-sampled (first point per voxel, ``inverse`` kept) and split
+    into compact parts of at most ``max_points`` points, which are the items;
+    part coordinates are recentred (x, y by the bbox centre, z by ``part_z``). The
+    engine's metrics on items are computed on the grid-sampled points;
+    :func:`evaluate_scenes` maps predictions back to every original point.
+    """
+
+    def __init__(
+        self,
+        source: SceneSource,
+        *,
+        grid_size: float | None,
+        max_points: int | None,
+        part_z: str,
+        transform: Compose | None,
+        features: Sequence[str],
+        seed: int,
+        cache_dir: Path | None = None,
+    ) -> None:
+        super().__init__(transform, features, train=False, seed=seed)
+        self.source = source
+        self.grid_size = grid_size
+        self.max_points = max_points
+        self._shift = CenterShift(z=part_z)  # type: ignore[arg-type]
+        self._cache: OrderedDict[int, tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray]]] = OrderedDict()
+        counts = self._part_counts(cache_dir)
+        self.items = [(s, p) for s, c in enumerate(counts) for p in range(c)]
+
+    def _part_counts(self, cache_dir: Path | None) -> list[int]:
+        params = [self.grid_size, self.max_points, "parts-v2"]
+        index_file = None
+        known: dict[str, int] = {}
+        if cache_dir is not None:
+            index_file = cache_dir / "scene_parts" / f"{cache_key(params)}.json"
+            if index_file.is_file():
+                known = json.loads(index_file.read_text())
+        counts = []
+        changed = False
+        for s in range(len(self.source)):
+            key = self.source.key(s)
+            if key not in known:
+                known[key] = len(self._scene(s)[3])
+                changed = True
+            counts.append(known[key])
+        if index_file is not None and changed:
+            index_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = index_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, index_file)
+        return counts
+
+    def _scene(self, s: int) -> tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(full scene, keep (m,), inverse (n,), parts as index arrays into keep)."""
+        if s in self._cache:
+            self._cache.move_to_end(s)
+            return self._cache[s]
+        full = self.source.load(s)
+        coord = full["coord"]  # (n, 3)
+        if coord.shape[0] == 0:
+            raise DataError(f"scene {self.source.name(s)}: empty point cloud (0 points)")
+        if self.grid_size:
+            keep, inverse = grid_sample_indices(coord, self.grid_size)
+        else:
+            keep, inverse = np.arange(coord.shape[0]), np.arange(coord.shape[0])
+        parts = partition_points(coord[keep], self.max_points)
+        entry = (full, keep, inverse, parts)
+        self._cache[s] = entry
+        while len(self._cache) > 2:
+            self._cache.popitem(last=False)
+        return entry
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def describe_item(self, index: int) -> str:
+        s, p = self.items[index]
+        return f"scene {self.source.name(s)} part {p}"
+
+    def positions(self, index: int) -> tuple[int, np.ndarray]:
+        """(scene index, positions of the item's points among the scene's sampled points)."""
+        s, p = self.items[index]
+        return s, self._scene(s)[3][p]
+
+    def __getitem__(self, index: int) -> Sample:
+        sample = super().__getitem__(index)
+        expected = len(self.positions(index)[1])
+        if sample["coord"].shape[0] != expected:
+            raise DataError(f"{self.describe_item(index)}: eval transforms changed {expected} points into "
+                            f"{sample['coord'].shape[0]}; they must keep every point in order")
+        return sample
+
+    def load(self, index: int, rng: np.random.Generator) -> Sample:
+        s, p = self.items[index]
+        full, keep, _, parts = self._scene(s)
+        sample = index_points(full, keep[parts[p]])
+        sample.pop("inverse", None)
+        return self._shift(sample)
+
+
+def confusion_matrix(target: np.ndarray, pred: np.ndarray, num_classes: int, ignore_index: int = -1) -> np.ndarray:
+    """Confusion counts (num_classes, num_classes), rows = true class; ignored targets skipped."""
+    target = np.asarray(target).reshape(-1)
+    pred = np.asarray(pred).reshape(-1)
+    valid = (target != ignore_index) & (target >= 0) & (target < num_classes)
+    idx = target[valid] * num_classes + pred[valid]
+    return np.bincount(idx, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+def segmentation_metrics(conf: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
+    """mIoU, mAcc, OA and per-class IoU from a confusion matrix (absent classes left out of means)."""
+    conf = conf.astype(np.float64)
+    tp = np.diag(conf)
+    gt = conf.sum(axis=1)
+    union = gt + conf.sum(axis=0) - tp
+    present = gt > 0
+    iou = np.divide(tp, union, out=np.zeros_like(tp), where=union > 0)
+    acc = np.divide(tp, gt, out=np.zeros_like(tp), where=gt > 0)
+    total = conf.sum()
+    return {
+        "miou": float(iou[present].mean()) if present.any() else 0.0,
+        "macc": float(acc[present].mean()) if present.any() else 0.0,
+        "oa": float(tp.sum() / total) if total else 0.0,
+        "iou_per_class": {name: (float(iou[i]) if present[i] else None) for i, name in enumerate(class_names)},
+        "points": int(total),
+    }
+
+
+def _flag(export: Any, name: str, default: bool) -> bool:
+    if export is None:
+        return default
+    if isinstance(export, dict):
+        return bool(export.get(name, default))
+    return bool(getattr(export, name, default))
+
+
+def predict_scene(
+    dataset: SceneEvalDataset,
+    scene: int,
+    predict: PredictFn,
+    collate: Callable[[list[Sample]], Batch],
+    *,
+    batch_size: int,
+    num_classes: int,
+) -> np.ndarray:
+    """Predicted class of every original point of ``scene`` (items batched, mapped back).
+
+    Shapes: -> (n,) int64, n = the scene's full point count.
+    """
+    _, keep, inverse, _ = dataset._scene(scene)
+    item_ids = [i for i, (s, _) in enumerate(dataset.items) if s == scene]
+    logits_kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
+    step = max(1, batch_size)
+    for start in range(0, len(item_ids), step):
+        chunk = item_ids[start : start + step]
+        batch = collate([dataset[i] for i in chunk])
+        with torch.no_grad():
+            logits = predict(batch).detach().float().cpu().numpy()  # (N, C)
+        total = int(batch["offset"][-1])
+        if logits.shape != (total, num_classes):
+            raise DataError(f"predict returned logits of shape {logits.shape}, expected ({total}, {num_classes})")
+        for i, part in zip(chunk, split_by_offset(logits, batch["offset"].numpy()), strict=True):
+            logits_kept[dataset.positions(i)[1]] = part
+    return logits_kept.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
+
+
+def evaluate_scenes(
+    dataset: SceneEvalDataset,
+    predict: PredictFn,
+    collate: Callable[[list[Sample]], Batch],
+    *,
+    batch_size: int,
+    class_names: Sequence[str],
+    ignore_index: int = -1,
+    out_dir: Path | None = None,
+    write_npy: bool = True,
+    write_ply_files: bool = True,
+) -> dict[str, Any]:
+    """Predict every item, map back to every original point, and score per point.
+
+    With ``out_dir``, writes per scene ``<name>_pred.npy`` (n,) int64 and
+    ``<name>.ply`` with x, y, z, colour, ``pred`` and ``label`` (each switchable).
+    """
+    num_classes = len(class_names)
+    conf = np.zeros((num_classes, num_classes), dtype=np.int64)
+    scenes = sorted({s for s, _ in dataset.items})
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for s in scenes:
+        pred = predict_scene(dataset, s, predict, collate, batch_size=batch_size, num_classes=num_classes)
+        full = dataset._scene(s)[0]
+        label = np.asarray(full["label"], dtype=np.int64)  # (n,)
+        conf += confusion_matrix(label, pred, num_classes, ignore_index)
+        if out_dir is not None:
+            name = dataset.source.name(s)
+            if write_npy:
+                np.save(out_dir / f"{name}_pred.npy", pred)
+            if write_ply_files:
+                write_ply(out_dir / f"{name}.ply", np.asarray(full["coord"]), full.get("colour"),
+                          pred=pred.astype(np.int32), label=label.astype(np.int32))
+    metrics = segmentation_metrics(conf, class_names)
+    metrics["scenes"] = len(scenes)
+    return metrics
+
+
+class ArrayScene(SceneSource):
+    """One scene held in memory (a file given to a predictor)."""
+
+    def __init__(self, sample: Sample, name: str) -> None:
+        self.sample = sample
+        self._name = name
+
+    def __len__(self) -> int:
+        return 1
+
+    def name(self, index: int) -> str:
+        return self._name
+
+    def key(self, index: int) -> str:
+        return self._name
+
+    def load(self, index: int) -> Sample:
+        return self.sample
+
+
+PREDICTION_SUFFIXES = (".npy", ".ply")
+
+
+def write_point_predictions(output_path: Path, sample: Sample, pred: np.ndarray) -> Path:
+    """Write per-point predictions: ``.npy`` (n,) int64, or ``.ply`` with x, y, z, colour, pred
+    (and label when the input had one) plus a ``.npy`` sibling."""
+    output_path = Path(output_path)
+    suffix = output_path.suffix.lower()
+    if suffix not in PREDICTION_SUFFIXES:
+        raise DataError(
+            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(PREDICTION_SUFFIXES)}"
+        )
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(output_path.with_suffix(".npy"), pred.astype(np.int64))
+    if suffix == ".ply":
+        fields = {"pred": pred.astype(np.int32)}
+        if "label" in sample:
+            fields["label"] = np.asarray(sample["label"]).astype(np.int32)
+        write_ply(output_path, np.asarray(sample["coord"]), sample.get("colour"), **fields)
+    return output_path
+
+
+class SceneSegmentationTask(PointTask):
+    """Segmentation of whole scenes: test metrics on every original point."""
+
+    def scene_names(self, split: str) -> list[str]:
+        """Names of the whole scenes (rooms, tiles) of a validation or test split."""
+        source = self._scene_source(split)
+        return [source.name(i) for i in range(len(source))]
+
+    def scene(self, split: str, index: int) -> Sample:
+        """Scene ``index`` of ``split`` at full resolution: coord (n, 3) float64, label (n,), ..."""
+        return self._scene_source(split).load(index)
+
+    def _scene_source(self, split: str) -> SceneSource:
+        dataset = self.dataset(split)
+        if not isinstance(dataset, SceneEvalDataset):
+            raise DataError(f"split '{split}' is not made of whole scenes (only val and test are)")
+        return dataset.source
+
+    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test") -> dict[str, Any]:
+        """Predict every ``split`` scene, write per-point predictions, return full-resolution metrics.
+
+        ``export.npy`` / ``export.ply`` (attributes or dict keys, default True) switch the
+        ``<scene>_pred.npy`` and ``<scene>.ply`` files; the metrics are returned either way.
+        """
+        dataset = self.dataset(split)
+        if not isinstance(dataset, SceneEvalDataset):
+            raise DataError(f"split '{split}' is not made of whole scenes (only val and test are)")
+        metrics = evaluate_scenes(
+            dataset,
+            predict,
+            self.collate,
+            batch_size=batch_size,
+            class_names=self.info.class_names,
+            ignore_index=self.ignore_index,
+            out_dir=Path(out_dir),
+            write_npy=_flag(export, "npy", True),
+            write_ply_files=_flag(export, "ply", True),
+        )
+        return {"full_resolution": metrics}

@@ -1,0 +1,179 @@
+"""Point-cloud datasets and tasks: the base dataset, seeding, splits, the TaskData.
+
+See :mod:`sciformer.data.pointcloud.sample` for the sample and packed-batch layout.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from sciformer.data.base import SPLITS, Batch, DataInfo, TaskData
+from sciformer.data.pointcloud.sample import assemble_features, collate_points
+from sciformer.errors import DataError
+from sciformer.pointcloud.transforms import Compose, Sample
+
+
+def progress(iterable: Any, desc: str, total: int | None = None) -> Any:
+    """A tqdm progress bar on a terminal, the bare iterable otherwise."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, disable=None, leave=False)
+
+
+def read_list_file(path: Path, what: str) -> list[str]:
+    """Non-empty stripped lines of a list file (class names, split lists)."""
+    if not path.is_file():
+        raise DataError(f"{path}: missing {what}")
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        raise DataError(f"{path}: empty {what}")
+    return lines
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split indices into (keep, held out): ``fraction`` of each class, seeded.
+
+    Every class with at least two members gives at least one to the held-out part
+    when ``fraction > 0``. Both index arrays are sorted.
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    held: list[np.ndarray] = []
+    if fraction > 0:
+        for c in np.unique(labels):
+            members = np.flatnonzero(labels == c)
+            k = int(round(fraction * len(members)))
+            if len(members) >= 2:
+                k = min(max(k, 1), len(members) - 1)
+            else:
+                k = 0
+            held.append(rng.permutation(members)[:k])
+    out = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+    keep = np.setdiff1d(np.arange(len(labels)), out)
+    return keep, out
+
+
+class WorkerRNG:
+    """A numpy Generator re-seeded in each DataLoader worker and epoch.
+
+    In a worker it is seeded from ``seed`` and the worker's torch seed, which the
+    DataLoader derives per epoch from its generator (or torch's global one), so
+    draws are reproducible. In the main process it is seeded from ``seed`` and the
+    epoch given to :meth:`set_epoch` (0 until then) and keeps advancing, so each
+    epoch draws new crops; calling ``set_epoch`` makes a resumed run draw what an
+    uninterrupted one would.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.epoch = 0
+        self._key: tuple[int, int | None, int] | None = None
+        self._rng: np.random.Generator | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def get(self) -> np.random.Generator:
+        info = torch.utils.data.get_worker_info()
+        key = (os.getpid(), None if info is None else int(info.seed), self.epoch)
+        if key != self._key or self._rng is None:
+            self._key = key
+            entropy = [self.seed, self.epoch] if info is None else [self.seed, self.epoch, int(info.seed) % 2**63]
+            self._rng = np.random.default_rng(entropy)
+        return self._rng
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "_key": None, "_rng": None}
+
+
+class PointDataset(Dataset):
+    """Base of the point datasets: ``load(i, rng)`` -> transforms -> feature assembly.
+
+    Training datasets draw from a :class:`WorkerRNG`; evaluation datasets seed a
+    generator per item index, so they are deterministic whatever the workers.
+    """
+
+    def __init__(self, transform: Compose | None, features: Sequence[str], *, train: bool, seed: int) -> None:
+        self.transform = transform or Compose([])
+        self.features = list(features)
+        self.train = train
+        self.seed = int(seed)
+        self._worker_rng = WorkerRNG(seed)
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def load(self, index: int, rng: np.random.Generator) -> Sample:
+        """The raw sample ``index`` (before the configured transforms)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tie training randomness to ``epoch`` (see :class:`WorkerRNG`); optional for callers."""
+        self._worker_rng.set_epoch(epoch)
+
+    def describe_item(self, index: int) -> str:
+        """Name of item ``index`` for error messages."""
+        return f"item {index}"
+
+    def __getitem__(self, index: int) -> Sample:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} items")
+        rng = self._worker_rng.get() if self.train else np.random.default_rng([self.seed, index])
+        sample = self.load(index, rng)
+        sample = self.transform(sample, rng)
+        return assemble_features(sample, self.features, self.describe_item(index))
+
+
+class PointTask(TaskData):
+    """A point-cloud TaskData: lazily built split datasets and packed collation."""
+
+    def __init__(
+        self,
+        info: DataInfo,
+        factories: dict[str, Callable[[], Dataset]],
+        *,
+        protocol: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.info = info
+        self._factories = factories
+        self._datasets: dict[str, Dataset] = {}
+        self._protocol = dict(protocol or {})
+        self._state = dict(state or {})
+
+    def dataset(self, split: str) -> Dataset:
+        if split not in SPLITS:
+            raise DataError(f"unknown split '{split}'; expected one of {', '.join(SPLITS)}")
+        if split not in self._datasets:
+            self._datasets[split] = self._factories[split]()
+        return self._datasets[split]
+
+    def collate(self, items: list[Any]) -> Batch:
+        return collate_points(items)
+
+    def describe(self) -> dict[str, Any]:
+        facts = dict(self._protocol)
+        facts["sizes"] = {split: len(self.dataset(split)) for split in SPLITS}  # type: ignore[arg-type]
+        return facts
+
+    def state(self) -> dict[str, Any]:
+        return {"class_names": list(self.info.class_names), "in_channels": self.info.in_channels, **self._state}
+
+
+def state_value(state: dict[str, Any], key: str, dataset: str) -> Any:
+    """``state[key]`` or a DataError saying the checkpoint is not from ``dataset``."""
+    try:
+        return state[key]
+    except KeyError:
+        raise DataError(f"checkpoint data state: missing key '{key}'; not a {dataset} checkpoint") from None

@@ -1,0 +1,1 @@
+"""Point-cloud models, layers and transforms."""

@@ -1,0 +1,186 @@
+"""ModelNet dataset: real ModelNet10 h5, and miniature h5 / normal_resampled / raw .off layouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from torch.utils.data import DataLoader
+
+from sciformer.data.base import BuildContext
+from sciformer.data.pointcloud.modelnet import ModelNetConfig, build_modelnet
+from sciformer.errors import DataError
+from sciformer.registry import DATASETS
+
+CLASSES = ["bathtub", "bed", "chair"]
+MODELNET10 = ["bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table", "toilet"]
+TEST_COUNTS = [50, 100, 100, 86, 86, 100, 86, 100, 100, 100]
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_registered() -> None:
+    entry = DATASETS._entries["modelnet"]  # direct: load_builtins may import modules still being written
+    assert entry.config is ModelNetConfig and entry.builder is build_modelnet
+
+
+def test_real_modelnet10_h5(fakes, ctx: BuildContext) -> None:
+    fakes.real_path("modelnet10_hdf5_1024")
+    task = build_modelnet(ModelNetConfig(), ctx)
+    assert task.info.class_names == MODELNET10 and task.info.num_classes == 10
+    assert task.info.in_channels == 3 and task.info.extras["task"] == "classification"
+    train, val, test = (task.dataset(s) for s in ("train", "val", "test"))
+    assert len(train) + len(val) == 3991 and len(test) == 908
+    assert 350 <= len(val) <= 450
+    assert np.bincount(test.labels[test.index], minlength=10).tolist() == TEST_COUNTS
+    assert not set(train.index.tolist()) & set(val.index.tolist())
+    assert set(np.unique(train.labels[val.index]).tolist()) == set(range(10))  # stratified
+    sample = test[0]
+    assert sample["coord"].shape == (1024, 3) and sample["feat"].shape == (1024, 3)
+    assert sample["label"].shape == () and sample["label"].dtype == np.int64
+    assert np.linalg.norm(sample["coord"], axis=1).max() <= 1.0 + 1e-4  # unit sphere release
+    facts = task.describe()
+    assert facts["sizes"] == {"train": len(train), "val": len(val), "test": 908}
+    assert "never used" in facts["test"]
+    assert task.state()["class_names"] == MODELNET10
+
+
+def test_h5_layout_and_loader(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_h5(tmp_path / "mn", CLASSES, per_class=(6, 2), points=64)
+    cfg = ModelNetConfig(root=str(root), num_points=32, val_fraction=0.2, features=[])
+    task = build_modelnet(cfg, ctx)
+    assert task.info.in_channels == 0
+    assert [len(task.dataset(s)) for s in ("train", "val", "test")] == [15, 3, 6]
+    loader = DataLoader(task.dataset("train"), batch_size=4, collate_fn=task.collate, shuffle=True)
+    batch = next(iter(loader))
+    assert batch["coord"].shape == (128, 3) and batch["feat"].shape == (128, 0)
+    assert batch["offset"].tolist() == [32, 64, 96, 128] and batch["target"].shape == (4,)
+    # evaluation items are deterministic (first num_points points, no augmentation)
+    with h5py.File(root / "ply_data_test0.h5") as fh:
+        np.testing.assert_array_equal(task.dataset("test")[1]["coord"], fh["data"][1, :32])
+
+
+def test_h5_bad_input(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_h5(tmp_path / "mn", CLASSES)
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(root), num_points=1000), ctx)
+    assert "fewer than num_points=1000" in str(e.value)
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(root), features=["coord", "normal"]), ctx)
+    assert "'normal'" in str(e.value)
+    (root / "shape_names.txt").write_text("bathtub\n")
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(root), num_points=8), ctx)
+    assert "outside 0..0 of shape_names.txt" in str(e.value)
+    (root / "shape_names.txt").unlink()
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(root), layout="h5"), ctx)
+    msg = str(e.value)
+    assert "shape_names.txt" in msg and "missing class file" in msg and "\n" not in msg
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(tmp_path / "nowhere")), ctx)
+    assert "not found" in str(e.value)
+
+
+def test_h5_missing_key(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_h5(tmp_path / "mn", CLASSES)
+    with h5py.File(root / "ply_data_train0.h5", "a") as fh:
+        del fh["label"]
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(root), num_points=8), ctx)
+    assert "ply_data_train0.h5: missing key 'label'" in str(e.value)
+
+
+def test_normal_resampled_layout_cached(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_txt(tmp_path / "mn40", CLASSES, per_class=(4, 2), points=40)
+    before = files_under(root)
+    cfg = ModelNetConfig(root=str(root), num_points=32, features=["coord", "normal"], val_fraction=0.25)
+    task = build_modelnet(cfg, ctx)
+    assert task.describe()["layout"] == "normal_resampled"
+    assert task.info.in_channels == 6
+    assert [len(task.dataset(s)) for s in ("train", "val", "test")] == [9, 3, 6]
+    item = task.dataset("test")[0]
+    np.testing.assert_allclose(np.linalg.norm(item["feat"][:, 3:], axis=1), 1.0, atol=1e-4)
+    assert files_under(root) == before  # nothing written beside the raw data
+    assert any((ctx.cache_dir / "modelnet").iterdir())
+    # the second build reads the cache, not the text files
+    for txt in root.glob("*/*.txt"):
+        txt.unlink()
+    again = build_modelnet(cfg, ctx)
+    np.testing.assert_array_equal(again.dataset("test")[0]["feat"], item["feat"])
+
+
+def test_normal_resampled_unknown_class(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_txt(tmp_path / "mn40", CLASSES, per_class=(2, 1), points=10)
+    (root / "modelnet40_test.txt").write_text("sofa_0001\n")
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(root), num_points=8), ctx)
+    assert "class 'sofa' not in modelnet40_shape_names.txt" in str(e.value)
+
+
+def test_off_layout_sampled_and_cached(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_off(tmp_path / "off", CLASSES, per_class=(3, 1))
+    before = files_under(root)
+    cfg = ModelNetConfig(root=str(root), num_points=128, features=["normal"], val_fraction=0.0)
+    task = build_modelnet(cfg, ctx)
+    assert task.describe()["layout"] == "off"
+    assert task.info.class_names == CLASSES
+    assert [len(task.dataset(s)) for s in ("train", "val", "test")] == [9, 0, 3]
+    test = task.dataset("test")
+    radii = [np.linalg.norm(test[i]["coord"], axis=1).max() for i in range(3)]
+    np.testing.assert_allclose(radii, 1.0, atol=1e-5)  # unit sphere
+    np.testing.assert_allclose(np.linalg.norm(test[0]["feat"], axis=1), 1.0, atol=1e-5)
+    assert files_under(root) == before
+    # same sampling seed -> same points; another seed -> other points
+    again = build_modelnet(cfg, ctx).dataset("test")[2]["coord"]
+    np.testing.assert_array_equal(again, test[2]["coord"])
+    other = build_modelnet(cfg.model_copy(update={"sample_seed": 1}), ctx).dataset("test")[2]["coord"]
+    assert not np.array_equal(other, again)
+
+
+def test_layout_not_recognised(tmp_path: Path, ctx: BuildContext) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError) as e:
+        build_modelnet(ModelNetConfig(root=str(tmp_path / "empty")), ctx)
+    assert "not a ModelNet folder" in str(e.value)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValidationError):
+        ModelNetConfig(num_point=1024)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="did you mean 'random_scale'"):
+        ModelNetConfig(train_transforms=[{"name": "random_scal"}])
+    with pytest.raises(ValidationError, match="unknown feature 'colour'"):
+        ModelNetConfig(features=["colour"])
+    assert ModelNetConfig(features=["xyz", "normals"]).features == ["coord", "normal"]
+
+
+def test_predictor_classifies_a_mesh(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    import json
+
+    import torch
+
+    from sciformer.data.pointcloud.modelnet import predict_modelnet_file
+
+    assert DATASETS._entries["modelnet"].predictor is predict_modelnet_file
+    root = fakes.modelnet_h5(tmp_path / "mn", CLASSES)
+    cfg = ModelNetConfig(root=str(root), num_points=48)
+    state = build_modelnet(cfg, ctx).state()
+    (tmp_path / "cube.off").write_text(fakes.off_text(fakes.cube_vertices, fakes.cube_quads, quirk=True))
+
+    def bed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        assert batch["coord"].shape == (48, 3) and batch["offset"].tolist() == [48]
+        assert torch.linalg.norm(batch["coord"], dim=1).max() <= 1.0 + 1e-5  # unit sphere
+        return torch.tensor([[0.0, 3.0, 1.0]])
+
+    out = predict_modelnet_file(cfg, state, bed, tmp_path / "cube.off", tmp_path / "cube.json", batch_size=1)
+    report = json.loads(out.read_text())
+    assert report["class"] == "bed" and report["index"] == 1
+    assert sum(report["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    probs = np.load(predict_modelnet_file(cfg, state, bed, tmp_path / "cube.off", tmp_path / "p.npy", batch_size=1))
+    assert probs.shape == (3,) and probs.argmax() == 1

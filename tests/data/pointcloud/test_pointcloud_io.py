@@ -1,0 +1,84 @@
+"""read_point_file: text tables, numpy files, suffix dispatch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sciformer.data.pointcloud.io import parse_text_table, read_point_file
+from sciformer.errors import DataError
+
+
+def test_text_tables(tmp_path: Path, cloud: dict[str, np.ndarray]) -> None:
+    xyz, nrm = cloud["coord"], cloud["normal"]
+    np.savetxt(tmp_path / "a.xyz", xyz, fmt="%.6f")
+    np.testing.assert_allclose(read_point_file(tmp_path / "a.xyz")["coord"], xyz, atol=1e-6)
+    # ModelNet normal_resampled style: comma separated, normals detected by unit norm
+    np.savetxt(tmp_path / "b.txt", np.hstack([xyz, nrm]), fmt="%.6f", delimiter=",")
+    data = read_point_file(tmp_path / "b.txt")
+    np.testing.assert_allclose(data["normal"], nrm, atol=1e-6)
+    # S3DIS style colour, 7th column a label
+    table = np.hstack([xyz, cloud["colour"], cloud["label"][:, None]])
+    np.savetxt(tmp_path / "c.pts", table, fmt="%.6f")
+    data = read_point_file(tmp_path / "c.pts")
+    np.testing.assert_allclose(data["colour"], cloud["colour"] / 255.0, atol=1e-6)
+    np.testing.assert_array_equal(data["label"], cloud["label"])
+    # CloudCompare header row and a count line
+    (tmp_path / "d.txt").write_text("//X,Y,Z,Intensity\n1,2,3,0.5\n4,5,6,0.25\n")
+    data = read_point_file(tmp_path / "d.txt")
+    np.testing.assert_array_equal(data["intensity"], [0.5, 0.25])
+    (tmp_path / "e.pts").write_text("2\n1 2 3\n4 5 6\n")
+    np.testing.assert_array_equal(read_point_file(tmp_path / "e.pts")["coord"], [[1, 2, 3], [4, 5, 6]])
+    # explicit columns
+    (tmp_path / "f.xyz").write_text("1 2 3 9 7\n4 5 6 8 1\n")
+    data = read_point_file(tmp_path / "f.xyz", columns=["x", "y", "z", "_", "class"])
+    np.testing.assert_array_equal(data["label"], [7, 1])
+
+
+def test_text_malformed_and_empty(tmp_path: Path, one_line_error) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text("1 2 3 4 5 6\n1 2 3 4 5 6\n1 2 3 4\x105 6\n1 2 3 4 5 6\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(path)
+    one_line_error(e, "bad.txt:3", "expected 6 numbers")
+    rows, skipped = parse_text_table(path, 6, malformed="skip")
+    assert rows.shape == (3, 6) and skipped == [3]
+    (tmp_path / "empty.xyz").write_text("# nothing here\n\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "empty.xyz")
+    one_line_error(e, "empty.xyz", "empty point cloud")
+    (tmp_path / "wide.txt").write_text("1 2 3 4 5 6 7 8 9\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "wide.txt")
+    one_line_error(e, "wide.txt", "columns=")
+
+
+def test_text_comment_line_is_not_a_header(tmp_path: Path) -> None:
+    (tmp_path / "c.xyz").write_text("# exported points\n1 2 3\n4 5 6\n")
+    np.testing.assert_array_equal(read_point_file(tmp_path / "c.xyz")["coord"], [[1, 2, 3], [4, 5, 6]])
+
+
+def test_numpy_files(tmp_path: Path, cloud: dict[str, np.ndarray], one_line_error) -> None:
+    np.save(tmp_path / "a.npy", np.hstack([cloud["coord"], cloud["normal"]]))
+    np.testing.assert_allclose(read_point_file(tmp_path / "a.npy")["normal"], cloud["normal"], rtol=1e-6)
+    np.savez(tmp_path / "b.npz", xyz=cloud["coord"], rgb=cloud["colour"], segment=cloud["label"], extra=np.arange(7))
+    data = read_point_file(tmp_path / "b.npz")
+    np.testing.assert_allclose(data["colour"], cloud["colour"] / 255.0)
+    np.testing.assert_array_equal(data["label"], cloud["label"])
+    np.testing.assert_array_equal(data["extra"], np.arange(7))
+    np.savez(tmp_path / "c.npz", a=np.zeros((3, 3)), b=np.zeros(3))
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "c.npz")
+    one_line_error(e, "c.npz", "coord")
+
+
+def test_unknown_suffix_and_missing_file(tmp_path: Path, one_line_error) -> None:
+    (tmp_path / "a.obj").write_text("v 1 2 3\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "a.obj")
+    one_line_error(e, "a.obj", ".ply")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "none.ply")
+    one_line_error(e, "none.ply", "no such file")

@@ -1,0 +1,59 @@
+"""LAS/LAZ reading through laspy: tiles written here and the real LiDAR tiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sciformer.data.pointcloud.io import read_point_file
+from sciformer.errors import DataError
+
+LIDAR_TABLE = {  # from the data README: points and class counts
+    "append-bug.laz": (37805, {1: 355, 2: 22859, 3: 929, 4: 1816, 5: 9974, 17: 1333, 65: 539}, True),
+    "autzen_trim.laz": (110000, {1: 83893, 2: 26107}, True),
+    "file_with_both_wkt_and_geotiff_vlrs.las": (25408, {2: 9808, 3: 158, 4: 724, 5: 10956, 6: 3737, 7: 25}, False),
+    "las_mvk-thin.las": (6280, {1: 129, 2: 1693, 4: 141, 5: 578, 9: 37, 12: 3702}, False),
+    "las_sample_c.las": (14408, {2: 1368, 3: 93, 4: 29, 5: 7, 6: 12525, 11: 2, 14: 45, 31: 339}, True),
+    "las_warsaw_small.las": (3000, {0: 433, 2: 1381, 3: 257, 4: 27, 5: 902}, True),
+}
+
+
+@pytest.mark.parametrize("suffix", [".las", ".laz"])
+def test_las_round_trip(tmp_path: Path, fakes, suffix: str) -> None:
+    written = fakes.las(tmp_path / f"tile{suffix}", n=500)
+    data = read_point_file(tmp_path / f"tile{suffix}")
+    assert data["coord"].dtype == np.float64
+    np.testing.assert_allclose(data["coord"], written["coord"], atol=1e-6)  # large coordinates intact
+    np.testing.assert_array_equal(data["label"], written["classification"])
+    np.testing.assert_allclose(data["colour"], written["colour"] / 65535.0, rtol=1e-6)
+    np.testing.assert_array_equal(data["intensity"], written["intensity"])
+
+
+def test_las_eight_bit_colour_and_no_colour(tmp_path: Path, fakes) -> None:
+    written = fakes.las(tmp_path / "eight.las", n=300, eight_bit=True)
+    np.testing.assert_allclose(read_point_file(tmp_path / "eight.las")["colour"], written["colour"] / 255.0, rtol=1e-6)
+    fakes.las(tmp_path / "plain.las", n=300, rgb=False)
+    assert "colour" not in read_point_file(tmp_path / "plain.las")
+
+
+def test_las_not_a_las_file(tmp_path: Path, one_line_error) -> None:
+    (tmp_path / "x.las").write_bytes(b"not las at all")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "x.las")
+    one_line_error(e, "x.las", "cannot read LAS")
+
+
+@pytest.mark.parametrize("name", sorted(LIDAR_TABLE))
+def test_real_lidar_tiles(fakes, name: str) -> None:
+    path = fakes.real_path("lidar", name)
+    points, classes, has_rgb = LIDAR_TABLE[name]
+    data = read_point_file(path)
+    assert data["coord"].shape == (points, 3)
+    codes, counts = np.unique(data["label"], return_counts=True)
+    assert dict(zip(codes.tolist(), counts.tolist(), strict=True)) == classes
+    assert ("colour" in data) == has_rgb
+    if has_rgb:
+        assert 0.0 <= data["colour"].min() and data["colour"].max() <= 1.0
+        assert data["colour"].max() > 0.5  # 8-bit and 16-bit files both span the range

@@ -1,0 +1,75 @@
+"""OFF meshes (with the ModelNet header quirk) and area-weighted surface sampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sciformer.data.pointcloud._fields import triangulate
+from sciformer.data.pointcloud.io import read_point_file
+from sciformer.data.pointcloud.mesh import read_off, sample_mesh_surface
+from sciformer.errors import DataError
+
+BATHTUB_COUNTS = {"bathtub_0001.off": (3514, 3546), "bathtub_0002.off": (700, 664), "bathtub_0003.off": (14963, 19985),
+                  "bathtub_0004.off": (2842, 3519), "bathtub_0005.off": (18472, 30734)}
+
+
+@pytest.mark.parametrize("quirk", [False, True])
+def test_off_reader(tmp_path: Path, fakes, quirk: bool) -> None:
+    text = "# a comment\n" + fakes.off_text(fakes.cube_vertices, fakes.cube_quads, quirk=quirk)
+    (tmp_path / "cube.off").write_text(text)
+    vertices, faces = read_off(tmp_path / "cube.off")
+    np.testing.assert_array_equal(vertices, fakes.cube_vertices)
+    assert faces.shape == (12, 3)  # 6 quads -> 12 triangles
+    data = read_point_file(tmp_path / "cube.off")
+    assert data["coord"].shape == (8, 3) and data["faces"].shape == (12, 3)
+
+
+def test_off_bad_files(tmp_path: Path, one_line_error) -> None:
+    (tmp_path / "a.off").write_text("OFF\n3 1 0\n0 0 0\n1 0 0\n")
+    with pytest.raises(DataError) as e:
+        read_off(tmp_path / "a.off")
+    one_line_error(e, "a.off", "truncated")
+    (tmp_path / "b.off").write_text("OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 7\n")
+    with pytest.raises(DataError) as e:
+        read_off(tmp_path / "b.off")
+    one_line_error(e, "b.off", "out of range")
+    (tmp_path / "c.off").write_text("PLY\n")
+    with pytest.raises(DataError) as e:
+        read_off(tmp_path / "c.off")
+    one_line_error(e, "c.off", "not an OFF")
+
+
+def test_real_modelnet_off_meshes(fakes) -> None:
+    folder = fakes.real_path("modelnet10_off", "bathtub")
+    for name, (nv, nf) in BATHTUB_COUNTS.items():
+        vertices, faces = read_off(folder / name)
+        assert vertices.shape == (nv, 3), name
+        assert len(faces) >= nf  # polygons are fan-triangulated
+        pts, nrm = sample_mesh_surface(vertices, faces, 256, seed=0, return_normals=True)
+        assert pts.shape == (256, 3) and np.all(np.isfinite(pts))
+        np.testing.assert_allclose(np.linalg.norm(nrm, axis=1), 1.0, rtol=1e-4)
+        lo, hi = vertices.min(axis=0), vertices.max(axis=0)
+        assert np.all(pts >= lo - 1e-3) and np.all(pts <= hi + 1e-3)
+
+
+def test_sample_mesh_surface_area_weighted(fakes, one_line_error) -> None:
+    # A box stretched 3x along x: faces normal to y and z have 3x the area of faces normal to x.
+    vertices = fakes.cube_vertices * np.array([3.0, 1.0, 1.0])
+    from sciformer.data.pointcloud._fields import triangulate
+
+    faces = triangulate("cube", fakes.cube_quads)
+    pts, nrm = sample_mesh_surface(vertices, faces, 20000, seed=1, return_normals=True)
+    # every point on the surface: some coordinate at its min or max
+    on_face = np.isclose(pts, vertices.min(0)) | np.isclose(pts, vertices.max(0))
+    assert on_face.any(axis=1).all()
+    axis = np.argmax(np.abs(nrm), axis=1)
+    share = np.bincount(axis, minlength=3) / len(axis)
+    np.testing.assert_allclose(share, [1 / 7, 3 / 7, 3 / 7], atol=0.02)  # areas 2:6:6
+    again = sample_mesh_surface(vertices, faces, 20000, seed=1)
+    np.testing.assert_array_equal(again, pts)
+    with pytest.raises(DataError) as e:
+        sample_mesh_surface(np.zeros((3, 3)), np.array([[0, 1, 2]]), 10)
+    one_line_error(e, "zero surface area")

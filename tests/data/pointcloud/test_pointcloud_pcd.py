@@ -1,0 +1,99 @@
+"""PCD reader: ascii, binary, binary_compressed (LZF) and files written by open3d."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sciformer.data.pointcloud.io import read_point_file
+from sciformer.data.pointcloud.pcd import lzf_decompress
+from sciformer.errors import DataError
+
+
+def test_lzf_decompress_literals_and_references() -> None:
+    assert lzf_decompress(bytes([2]) + b"abc" + bytes([0x20, 2]), 6) == b"abcabc"
+    # overlapping reference: distance 2, length 6 after "ab"
+    assert lzf_decompress(bytes([1]) + b"ab" + bytes([(4 << 5), 1]), 8) == b"abababab"
+    # long reference (length field 7 + extra byte): 'a' then 20 copies at distance 1
+    assert lzf_decompress(bytes([0]) + b"a" + bytes([7 << 5, 20 - 2 - 7, 0]), 21) == b"a" * 21
+    with pytest.raises(ValueError):
+        lzf_decompress(bytes([0x20, 5]), 3)  # reference before the start
+    with pytest.raises(ValueError):
+        lzf_decompress(bytes([2]) + b"abc", 5)  # wrong size
+
+
+def _lzf_literals(raw: bytes) -> bytes:
+    """A valid LZF stream made of literal runs only."""
+    out = bytearray()
+    for i in range(0, len(raw), 32):
+        chunk = raw[i : i + 32]
+        out += bytes([len(chunk) - 1]) + chunk
+    return bytes(out)
+
+
+def _pcd_header(mode: str, n: int) -> bytes:
+    return (
+        "# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z rgb intensity label\n"
+        "SIZE 4 4 4 4 4 4\nTYPE F F F F F U\nCOUNT 1 1 1 1 1 1\n"
+        f"WIDTH {n}\nHEIGHT 1\nVIEWPOINT 0 0 0 1 0 0 0\nPOINTS {n}\nDATA {mode}\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("mode", ["ascii", "binary", "binary_compressed"])
+def test_pcd_modes(tmp_path: Path, cloud: dict[str, np.ndarray], mode: str) -> None:
+    n = len(cloud["coord"])
+    coord = cloud["coord"].copy()
+    coord[3] = np.nan  # organised-cloud hole: dropped
+    rgb = cloud["colour"].astype(np.uint32)
+    packed = ((rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]).astype(np.uint32).view(np.float32)
+    intensity = np.linspace(0, 10, n, dtype=np.float32)
+    label = cloud["label"].astype(np.uint32)
+    if mode == "ascii":
+        body = "".join(
+            f"{coord[i, 0]!r} {coord[i, 1]!r} {coord[i, 2]!r} {float(packed[i])!r} {float(intensity[i])!r} {label[i]}\n"
+            .replace("np.float32(", "").replace(")", "")
+            for i in range(n)
+        ).encode()
+    else:
+        dt = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("rgb", "<f4"), ("i", "<f4"), ("label", "<u4")])
+        table = np.empty(n, dt)
+        table["x"], table["y"], table["z"] = coord.T
+        table["rgb"], table["i"], table["label"] = packed, intensity, label
+        if mode == "binary":
+            body = table.tobytes()
+        else:  # column-major then LZF
+            raw = b"".join(np.ascontiguousarray(table[name]).tobytes() for name in dt.names)
+            comp = _lzf_literals(raw)
+            body = struct.pack("<II", len(comp), len(raw)) + comp
+    path = tmp_path / f"c_{mode}.pcd"
+    path.write_bytes(_pcd_header(mode, n) + body)
+    data = read_point_file(path)
+    keep = np.arange(n) != 3
+    np.testing.assert_allclose(data["coord"], coord[keep], rtol=1e-6)
+    np.testing.assert_allclose(data["colour"], cloud["colour"][keep] / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(data["intensity"], intensity[keep], rtol=1e-6)
+    np.testing.assert_array_equal(data["label"], label[keep])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("open3d") is None, reason="open3d not installed (optional)")
+def test_pcd_binary_compressed_written_by_open3d(tmp_path: Path) -> None:
+    import open3d as o3d
+
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(500, 3))
+    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(pts))
+    path = tmp_path / "o3d.pcd"
+    assert o3d.io.write_point_cloud(str(path), pcd, write_ascii=False, compressed=True)
+    assert b"binary_compressed" in path.read_bytes()[:400]
+    np.testing.assert_allclose(read_point_file(path)["coord"], pts, rtol=1e-5, atol=1e-6)
+
+
+def test_pcd_bad_mode(tmp_path: Path, one_line_error) -> None:
+    (tmp_path / "b.pcd").write_bytes(_pcd_header("zip", 1) + b"\0" * 24)
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "b.pcd")
+    one_line_error(e, "b.pcd", "DATA mode 'zip'")

@@ -1,0 +1,101 @@
+"""PLY reader (ascii, binary little/big endian) and the atomic binary writer."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sciformer.data.pointcloud.io import read_point_file, write_ply
+from sciformer.errors import DataError
+
+
+def _ply_header(fmt: str, n: int, faces: int = 0) -> bytes:
+    lines = ["ply", f"format {fmt} 1.0", "comment made by a test", f"element vertex {n}",
+             "property float x", "property float y", "property float z",
+             "property float nx", "property float ny", "property float nz",
+             "property uchar red", "property uchar green", "property uchar blue", "property int label"]
+    if faces:
+        lines += [f"element face {faces}", "property list uchar int vertex_indices"]
+    return ("\n".join(lines + ["end_header"]) + "\n").encode()
+
+
+@pytest.mark.parametrize("fmt", ["ascii", "binary_little_endian", "binary_big_endian"])
+def test_ply_formats(tmp_path: Path, cloud: dict[str, np.ndarray], fmt: str) -> None:
+    n = len(cloud["coord"])
+    faces = [[0, 1, 2], [2, 3, 4, 5]]  # a triangle and a quad
+    path = tmp_path / f"c_{fmt}.ply"
+    if fmt == "ascii":
+        rows = [
+            " ".join(f"{v:.7g}" for v in (*cloud["coord"][i], *cloud["normal"][i]))
+            + " " + " ".join(str(int(v)) for v in (*cloud["colour"][i], cloud["label"][i]))
+            for i in range(n)
+        ]
+        body = ("\n".join(rows) + "\n" + "".join(f"{len(f)} {' '.join(map(str, f))}\n" for f in faces)).encode()
+    else:
+        o = "<" if fmt == "binary_little_endian" else ">"
+        dt = np.dtype([("xyz", o + "f4", (3,)), ("n", o + "f4", (3,)), ("rgb", "u1", (3,)), ("label", o + "i4")])
+        table = np.empty(n, dt)
+        table["xyz"], table["n"], table["rgb"], table["label"] = cloud["coord"], cloud["normal"], cloud["colour"], cloud["label"]
+        body = table.tobytes() + b"".join(struct.pack(o + "B" + "i" * len(f), len(f), *f) for f in faces)
+    path.write_bytes(_ply_header(fmt, n, len(faces)) + body)
+    data = read_point_file(path)
+    assert data["coord"].dtype == np.float64 and data["coord"].shape == (n, 3)
+    np.testing.assert_allclose(data["coord"], cloud["coord"], rtol=1e-6)
+    np.testing.assert_allclose(data["normal"], cloud["normal"], rtol=1e-6)
+    np.testing.assert_allclose(data["colour"], cloud["colour"] / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(data["label"], cloud["label"])
+    assert data["label"].dtype == np.int64
+    np.testing.assert_array_equal(data["faces"], [[0, 1, 2], [2, 3, 4], [2, 4, 5]])  # quad fan-triangulated
+
+
+def test_write_ply_round_trip_and_atomic(tmp_path: Path, cloud: dict[str, np.ndarray]) -> None:
+    path = tmp_path / "out" / "pred.ply"
+    path.parent.mkdir()
+    path.write_text("old content")
+    colour_f = cloud["colour"] / 255.0
+    pred = np.arange(7, dtype=np.int64)
+    write_ply(path, cloud["coord"], colour_f, pred=pred, label=cloud["label"].astype(np.int64), score=np.linspace(0, 1, 7))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["pred.ply"]  # no temp file left behind
+    assert path.read_bytes().startswith(b"ply\nformat binary_little_endian 1.0\n")
+    data = read_point_file(path)
+    np.testing.assert_array_equal(data["coord"], cloud["coord"])
+    np.testing.assert_array_equal(np.round(data["colour"] * 255), cloud["colour"])
+    np.testing.assert_array_equal(data["pred"], pred)
+    np.testing.assert_array_equal(data["label"], cloud["label"])
+    np.testing.assert_allclose(data["score"], np.linspace(0, 1, 7))
+
+
+def test_write_ply_keeps_double_coordinates(tmp_path: Path) -> None:
+    coord = np.array([[600000.123, 5000000.456, 200.01], [600001.0, 5000001.0, 201.0]])
+    write_ply(tmp_path / "geo.ply", coord, normal=np.eye(3)[:2])
+    data = read_point_file(tmp_path / "geo.ply")
+    np.testing.assert_array_equal(data["coord"], coord)
+    np.testing.assert_array_equal(data["normal"], np.eye(3)[:2])
+
+
+def test_write_ply_bad_input(tmp_path: Path, one_line_error) -> None:
+    with pytest.raises(DataError) as e:
+        write_ply(tmp_path / "a.ply", np.zeros((4, 2)))
+    one_line_error(e, "coord", "(n, 3)")
+    with pytest.raises(DataError) as e:
+        write_ply(tmp_path / "a.ply", np.zeros((4, 3)), pred=np.zeros(3))
+    one_line_error(e, "'pred'", "(4,)")
+    assert not (tmp_path / "a.ply").exists()
+
+
+def test_ply_bad_files(tmp_path: Path, one_line_error) -> None:
+    (tmp_path / "x.ply").write_bytes(b"plx\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "x.ply")
+    one_line_error(e, "x.ply", "not a PLY")
+    (tmp_path / "t.ply").write_bytes(_ply_header("binary_little_endian", 10) + b"\0" * 20)
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "t.ply")
+    one_line_error(e, "t.ply", "truncated")
+    (tmp_path / "e.ply").write_bytes(_ply_header("binary_little_endian", 0))
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "e.ply")
+    one_line_error(e, "e.ply", "empty point cloud")
