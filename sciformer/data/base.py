@@ -58,8 +58,16 @@ class BuildContext:
     seed: int = 0
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
-        """Resolve a config path: ``~`` and ``$VARS`` expanded, relative to ``base_dir``."""
-        p = Path(os.path.expandvars(os.fspath(path))).expanduser()
+        """Resolve a config path: ``~`` and ``$VARS`` expanded, relative to ``base_dir``.
+
+        ``$SCIFORMER_DATA`` falls back to :func:`default_data_root` when unset, so
+        experiment files can name real data portably.
+        """
+        text = os.fspath(path)
+        if "SCIFORMER_DATA" not in os.environ:
+            root = str(default_data_root())
+            text = text.replace("${SCIFORMER_DATA}", root).replace("$SCIFORMER_DATA", root)
+        p = Path(os.path.expandvars(text)).expanduser()
         return p if p.is_absolute() else (self.base_dir / p)
 
 
