@@ -22,10 +22,13 @@ the set); they never overlap. Three protocols:
     validation pixel are dropped, so with ``margin >= patch_size // 2`` no test pixel
     lies inside a training patch window and no training window contains a test pixel.
 
-Validation is always carved from the training pixels, per class (``val_fraction`` or
-``val_per_class``), keeping at least one training pixel per class. In a block split the
-validation pixels lie inside training blocks, next to training pixels: validation accuracy
-is optimistic there and only serves model selection; the test blocks give the honest number.
+Validation is always carved from the training pixels. In fixed and stratified splits it
+takes pixels per class (``val_fraction`` or ``val_per_class``), keeping at least one
+training pixel per class. In a block split with ``val_fraction`` it takes whole training
+blocks (chosen like the test blocks, about ``val_fraction`` of each class), and validation
+pixels within ``margin`` of a training pixel are dropped: validation is then spatially
+disjoint from training like the test set, so model selection follows the test protocol
+instead of rewarding memorisation. ``val_per_class`` in a block split carves pixels.
 
 Every split reports a leakage check: the number (and fraction) of test pixels whose
 ``patch_size x patch_size`` window contains a training pixel, and how many of those
@@ -359,7 +362,22 @@ def block_split(
     in_train_block = side[ids] == 1  # (H, W)
     train = np.where(in_train_block, gt, 0)
     test = np.where(in_train_block, 0, gt)
-    train, val = carve_validation(train, val_fraction=val_fraction, val_per_class=val_per_class, rng=rng)
+    val_excluded = 0
+    if val_fraction and val_per_class is None:
+        # Validation takes whole training blocks, so it is as spatially disjoint from training
+        # as the test set is: model selection then tracks the test protocol, not memorisation.
+        train_blocks = np.flatnonzero(side == 1)
+        keep = _assign_blocks(hist[train_blocks], 1.0 - float(val_fraction), rng)  # 1 train, 0 val
+        in_val_block = np.isin(ids, train_blocks[keep == 0])  # (H, W)
+        val = np.where(in_val_block, gt, 0)
+        train = np.where(in_val_block, 0, train)
+        if margin > 0:
+            near_train = window_contains(train > 0, 2 * int(margin) + 1)  # (H, W)
+            val_drop = near_train & (val > 0)
+            val_excluded = int(np.count_nonzero(val_drop))
+            val = np.where(val_drop, 0, val)
+    else:
+        train, val = carve_validation(train, val_fraction=val_fraction, val_per_class=val_per_class, rng=rng)
     labelled_blocks = hist.sum(axis=1) > 0  # (n_blocks,)
     excluded = 0
     if margin > 0:
@@ -374,6 +392,8 @@ def block_split(
         "margin": int(margin),
         "blocks": {"labelled": int(np.sum(labelled_blocks)), "train": int(np.sum(side[labelled_blocks] == 1))},
         "excluded_by_margin": excluded,
+        "val_excluded_by_margin": val_excluded,
+        "val_mode": "blocks" if (val_fraction and val_per_class is None) else "pixels",
         "val_fraction": val_fraction,
         "val_per_class": val_per_class,
     }

@@ -178,6 +178,19 @@ def test_blocks_with_margin_have_no_leakage(big_gt, p):
     assert dropped == s.protocol["excluded_by_margin"] > 0
 
 
+@pytest.mark.parametrize("p", [3, 5])
+def test_block_validation_is_whole_blocks_clear_of_training(big_gt, p):
+    r = p // 2
+    s = block_split(big_gt, 8, seed=3, margin=r, patch_size=p, val_fraction=0.2)
+    assert s.protocol["val_mode"] == "blocks" and s.counts()["val"] > 0
+    ids, _ = block_ids(big_gt.shape, 8)
+    assert not set(ids[s.val > 0].tolist()) & set(ids[s.train > 0].tolist())  # no shared block
+    assert brute_force_leaks(s.train, s.val, p) == 0  # no validation window holds a training pixel
+    pixels = block_split(big_gt, 8, seed=3, margin=r, patch_size=p, val_per_class=5)
+    assert pixels.protocol["val_mode"] == "pixels"
+    assert np.all(np.array(pixels.protocol["per_class"]["val"]) == 5)
+
+
 def test_blocks_deterministic_by_seed(big_gt):
     a = block_split(big_gt, 8, seed=11, margin=2)
     b = block_split(big_gt, 8, seed=11, margin=2)
