@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sciformer
-from sciformer.errors import ConfigError, SciformerError
+from sciformer.errors import CheckpointError, ConfigError, SciformerError
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +70,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     state = None
     if args.resume is not None:
         state = load_checkpoint(args.resume)
-        exp = config.from_dict(state["config"], Path(state["config_dir"]), overrides)
         ckpt_path = args.resume if args.resume.is_file() else args.resume / "checkpoints" / "last.pt"
+        missing = [k for k in _RESUME_KEYS if k not in state]
+        if missing:
+            raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
+        exp = _checkpoint_experiment(state, ckpt_path, overrides)
         run_dir = ckpt_path.resolve().parent.parent
         if args.output_dir is not None and args.output_dir.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {args.output_dir} differs from the resumed run folder {run_dir}; drop --output-dir")
@@ -97,45 +100,77 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str | None = None) -> tuple[Any, dict[str, Any], Any, Any]:
-    import torch
+_RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
 
+
+def _checkpoint_experiment(state: dict[str, Any], ckpt_path: Path, overrides: list[str]) -> Any:
+    """The experiment stored in a checkpoint, validated; errors name the checkpoint."""
     from sciformer import config
+
+    if not isinstance(state.get("config_dir"), str):
+        raise CheckpointError(f"checkpoint '{ckpt_path}' lacks 'config_dir' (the folder its config paths are relative to)")
+    return config.from_dict(state["config"], Path(state["config_dir"]), overrides, source=f"checkpoint '{ckpt_path}' config")
+
+
+def _load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str | None = None) -> tuple[Any, dict[str, Any], Any, Any]:
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import load_checkpoint
     from sciformer.engine.runtime import pick_device
 
     state = load_checkpoint(ckpt_path)
-    exp = config.from_dict(state["config"], Path(state["config_dir"]), overrides)
+    exp = _checkpoint_experiment(state, ckpt_path, overrides)
     device = pick_device(device_name or exp.cfg.train.device)
-    info = builders.data_info_from_dict(state["data_info"])
+    try:
+        info = builders.data_info_from_dict(state["data_info"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint '{ckpt_path}': data_info is incomplete or malformed ({type(exc).__name__}: {exc}); "
+                              "expected num_classes, class_names and in_channels") from None
     model = builders.build_model(exp, info)
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise SciformerError(f"checkpoint '{ckpt_path}' does not match model '{exp.cfg.model.name}': {first}") from None
-    torch.set_grad_enabled(False)
+    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+        detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+        detail = detail if len(detail) <= 240 else detail[:237] + "..."
+        raise CheckpointError(f"checkpoint '{ckpt_path}' does not match model '{exp.cfg.model.name}': {detail}") from None
     return exp, state, model.to(device).eval(), device
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    overrides = list(args.overrides) + ([f"evaluation.split={args.split}"] if args.split else [])
+    with torch.no_grad():
+        return _evaluate(args, overrides)
+
+
+def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
     from sciformer.engine.trainer import evaluate_and_export
 
-    overrides = list(args.overrides) + ([f"evaluation.split={args.split}"] if args.split else [])
     exp, state, model, device = _load_for_inference(args.checkpoint, overrides)
     task = builders.build_task(exp)
     if task.info.num_classes != int(state["data_info"]["num_classes"]):
         raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
     ckpt_file = args.checkpoint if args.checkpoint.is_file() else args.checkpoint / "checkpoints" / "last.pt"
     out_dir = args.output_dir or ckpt_file.resolve().parent.parent / "evaluation"
-    evaluate_and_export(exp, task, model, device, out_dir, extra={"checkpoint": str(ckpt_file), "checkpoint_epoch": state["epoch"]})
+    evaluate_and_export(exp, task, model, device, out_dir, extra={"checkpoint": str(ckpt_file), "checkpoint_epoch": state.get("epoch")})
     print(f"wrote {out_dir / 'metrics.json'}")
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.batch_size is not None and args.batch_size < 1:
+        raise SciformerError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.output.is_dir():
+        raise SciformerError(f"--output '{args.output}' is a directory; expected a file path (its suffix picks the format)")
+    with torch.no_grad():
+        return _predict(args)
+
+
+def _predict(args: argparse.Namespace) -> int:
     from sciformer.engine.loops import autocast, to_device
     from sciformer.registry import DATASETS
 
@@ -145,6 +180,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise SciformerError(f"dataset '{exp.cfg.data.name}' has no file predictor")
     if not args.input.exists():
         raise SciformerError(f"--input '{args.input}' does not exist")
+    if args.input.is_dir():
+        raise SciformerError(f"--input '{args.input}' is a directory; expected a file")
     amp = exp.cfg.train.amp
 
     def predict(batch: dict[str, Any]) -> Any:

@@ -164,6 +164,8 @@ def _one_line(exc: ValidationError, model: type[BaseModel], prefix: str = "", so
     msg = err["msg"].removeprefix("Value error, ")
     if loc:
         return ConfigError(f"{where}{key}: {msg} (got {err.get('input')!r})")
+    if prefix:  # a whole-section check (model validator): name the section
+        return ConfigError(f"{where}{prefix}: {msg}")
     return ConfigError(f"{where}{msg}")
 
 
@@ -234,6 +236,8 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Experiment:
     return validate(raw, base_dir=path.resolve().parent, source=str(path))
 
 
-def from_dict(raw: dict[str, Any], base_dir: Path, overrides: list[str] | None = None) -> Experiment:
+def from_dict(raw: dict[str, Any], base_dir: Path, overrides: list[str] | None = None, *, source: str = "checkpoint config") -> Experiment:
     """Validate a resolved config stored in a checkpoint or run folder."""
-    return validate(apply_overrides(raw, overrides or []), base_dir=base_dir, source="checkpoint config")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    return validate(apply_overrides(raw, overrides or []), base_dir=base_dir, source=source)

@@ -17,6 +17,7 @@ a one-line :class:`~sciformer.errors.CheckpointError`.
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns (several lines) about files written by other tools
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe content"
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        # torch's first line advises weights_only=False; the useful line names the blocked object
+        first = next((ln for ln in lines if "GLOBAL" in ln or "nsupported" in ln), lines[0] if lines else "unsafe content")
         raise CheckpointError(f"checkpoint '{path}' was refused: it holds objects other than tensors and plain data ({first[:160]})") from None
     except Exception as exc:  # noqa: BLE001 - any other failure means a damaged or foreign file
         raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
@@ -59,4 +64,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     for key in ("config", "model", "data_info"):
         if key not in data:
             raise CheckpointError(f"checkpoint '{path}' lacks '{key}'")
+        if not isinstance(data[key], dict):
+            raise CheckpointError(f"checkpoint '{path}': '{key}' is a {type(data[key]).__name__}; expected a mapping")
     return data

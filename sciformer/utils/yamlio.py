@@ -49,6 +49,8 @@ def loads(text: str, *, source: str = "<string>") -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, yaml.constructor.ConstructorError) and "tag" in problem:
+            problem += "; only plain YAML data is read (no !!python or other custom tags)"
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
     except RecursionError:
         raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None

@@ -118,7 +118,9 @@ class _Container:
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file
-            raise DataError(f"{self.path}: cannot read array '{key}': {_short(exc)}") from exc
+            raise DataError(
+                f"{self.path}: cannot read array '{key}'; the file looks truncated or damaged ({_short(exc)})"
+            ) from exc
 
     def _listing(self) -> str:
         if not self.arrays:
@@ -181,7 +183,7 @@ def _open_mat_v73(path: Path) -> _Container:
                     continue
                 kind = "b" if mclass == "logical" else obj.dtype.kind
                 arrays[name] = _ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - h5py reports damage as OSError, RuntimeError, KeyError, ...
         raise DataError(f"{path}: not a readable MATLAB v7.3 (HDF5) file: {_short(exc)}") from exc
 
     def load(key: str) -> np.ndarray:
@@ -242,7 +244,22 @@ def _open_envi(header: Path, data_file: Path | None) -> _Container:
         img = envi.open(str(header), None if data_file is None else str(data_file))
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{header}: not a readable ENVI header/data pair: {_short(exc)}") from exc
+    _check_envi_size(header, img)
     return _spy_to_container(data_file or header, img)
+
+
+def _check_envi_size(header: Path, img: Any) -> None:
+    """The data file must hold what the header describes (a short file fails later, vaguely)."""
+    try:
+        need = int(img.offset) + int(img.nrows) * int(img.ncols) * int(img.nbands) * int(img.sample_size)
+        have = os.path.getsize(img.filename)
+    except (AttributeError, TypeError, ValueError, OSError):
+        return
+    if have < need:
+        raise DataError(
+            f"{img.filename}: ENVI data file has {have} bytes; header {header.name} describes "
+            f"{img.nrows} lines x {img.ncols} samples x {img.nbands} bands of {img.sample_size} bytes = {need} bytes"
+        )
 
 
 def _open_lan(path: Path) -> _Container:
@@ -268,7 +285,7 @@ def open_container(path: str | os.PathLike[str]) -> _Container:
     if not p.exists():
         raise DataError(f"{p}: file not found")
     if not p.is_file():
-        raise DataError(f"{p}: not a file")
+        raise DataError(f"{p}: not a file (a directory?); expected an image or label file")
     suffix = p.suffix.lower()
     if suffix in MAT_SUFFIXES:
         import h5py
@@ -467,6 +484,8 @@ def read_scene(
                 names = list(lc.class_names)
     if gt is None and labels == "required":
         raise DataError(f"{c.path}: no label map found; give label_key or label_path")
+    if gt is not None and labels == "required" and not gt.any():
+        raise DataError(f"{lc.path} [{lkey}]: label map has no labelled pixels (all 0); expected classes 1..K")
     return Scene(
         cube=cube,
         gt=gt,

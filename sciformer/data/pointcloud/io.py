@@ -179,12 +179,14 @@ def _read_table(path: Path, columns: Sequence[str] | None) -> PointData:
 
 def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
     try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise fail(path, f"cannot read numpy file ({exc})") from exc
+        # mmap: a header promising more data than the file holds fails here instead of allocating it
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                arrays = {k: loaded[k] for k in loaded.files}
+    except Exception as exc:  # noqa: BLE001 - numpy reports damage as ValueError, SyntaxError, EOFError, MemoryError, ...
+        raise fail(path, f"cannot read numpy file ({type(exc).__name__}: {_short(exc)})") from exc
     if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded:
-            arrays = {k: loaded[k] for k in loaded.files}
         aliases = {"coord": ("coord", "xyz", "points", "pos", "positions"),
                    "colour": ("colour", "color", "rgb", "colors"),
                    "normal": ("normal", "normals"),
@@ -216,6 +218,10 @@ def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
     return _table_to_points(path, loaded, columns)
 
 
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
 def _table_to_points(path: Path, table: np.ndarray, columns: Sequence[str] | None) -> PointData:
     if table.dtype.names:
         return from_named_columns(path, {name: table[name] for name in table.dtype.names})
@@ -237,6 +243,8 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | None 
     OFF meshes return their vertices as ``coord`` plus ``faces``.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a file (a directory?); expected a point-cloud file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     suffix = path.suffix.lower()

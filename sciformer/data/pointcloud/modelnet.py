@@ -130,6 +130,8 @@ def load_h5_layout(root: Path, want_normals: bool) -> tuple[list[str], dict[str,
         points, labels, normals = [], [], []
         for line in read_list_file(listing, f"{split} file list"):
             path = _resolve_listed(root, line)
+            if path.exists() and not path.is_file():
+                raise DataError(f"{listing}: listed file '{line}' is not a file ({path}); expected an HDF5 file")
             if not path.is_file():
                 raise DataError(f"{listing}: listed file '{line}' not found under {root}")
             try:
@@ -143,12 +145,17 @@ def load_h5_layout(root: Path, want_normals: bool) -> tuple[list[str], dict[str,
                         if "normal" not in fh:
                             raise DataError(f"{path}: feature 'normal' asked but the file has no 'normal' key")
                         normals.append(np.asarray(fh["normal"], dtype=np.float32))
-            except OSError as exc:
-                raise DataError(f"{path}: not a readable HDF5 file ({exc})") from exc
+            except DataError:
+                raise
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:  # h5py reports damage with all of these
+                raise DataError(f"{path}: not a readable HDF5 file ({type(exc).__name__}: {exc})") from exc
             if data.ndim != 3 or data.shape[2] != 3 or data.shape[0] != label.shape[0]:
                 raise DataError(f"{path}: 'data' has shape {data.shape} and 'label' {label.shape}; expected (n, P, 3) and (n, 1)")
+            if data.shape[0] == 0:
+                raise DataError(f"{path}: no shapes ('data' has shape {data.shape}); expected (n, P, 3) with n > 0")
             if label.size and (label.min() < 0 or label.max() >= len(names)):
                 raise DataError(f"{path}: labels {label.min()}..{label.max()} outside 0..{len(names) - 1} of shape_names.txt")
+            _check_finite(path, "data", data)
             points.append(data)
             labels.append(label)
         splits[split] = {
@@ -159,6 +166,12 @@ def load_h5_layout(root: Path, want_normals: bool) -> tuple[list[str], dict[str,
     return names, splits
 
 
+def _check_finite(path: Path, key: str, values: np.ndarray) -> None:
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise DataError(f"{path}: '{key}' has {int(bad.sum())} NaN/Inf values; expected finite coordinates")
+
+
 def _load_txt_shape(path: Path, num_points: int) -> np.ndarray:
     try:
         table = np.loadtxt(path, delimiter=",", dtype=np.float32, max_rows=num_points, ndmin=2)  # (P, 6)
@@ -166,6 +179,7 @@ def _load_txt_shape(path: Path, num_points: int) -> np.ndarray:
         raise DataError(f"{path}: expected lines 'x,y,z,nx,ny,nz' ({exc})") from exc
     if table.shape[0] < num_points or table.shape[1] < 6:
         raise DataError(f"{path}: has {table.shape[0]} points of {table.shape[1]} values, need {num_points} of 6")
+    _check_finite(path, "x,y,z,nx,ny,nz", table[:, :6])
     return table[:, :6]
 
 

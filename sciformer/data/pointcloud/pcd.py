@@ -71,6 +71,8 @@ def read_pcd(path: Path) -> PointData:
         mode = header["DATA"][0].lower()
     except (KeyError, IndexError, ValueError) as exc:
         raise fail(path, f"bad PCD header (missing or malformed {exc})") from exc
+    if npoints < 0 or min(counts, default=1) < 1:
+        raise fail(path, f"bad PCD header (POINTS {npoints}, COUNT {counts}); expected non-negative points and counts >= 1")
     if not (len(fields) == len(sizes) == len(types) == len(counts)):
         raise fail(path, "PCD header FIELDS, SIZE, TYPE and COUNT have different lengths")
     kinds = {"F": "f", "I": "i", "U": "u"}
@@ -102,6 +104,9 @@ def read_pcd(path: Path) -> PointData:
         if len(body) < 8:
             raise fail(path, "truncated PCD binary_compressed block")
         csize, usize = np.frombuffer(body[:8], dtype="<u4")
+        expected = npoints * sum(dt.itemsize * c for dt, c in zip(dtypes, counts, strict=True))
+        if int(usize) != expected:  # checked before allocating the output buffer
+            raise fail(path, f"corrupt PCD binary_compressed header: {int(usize)} uncompressed bytes, expected {expected} for {npoints} points")
         try:
             raw = lzf_decompress(body[8 : 8 + int(csize)], int(usize))
         except ValueError as exc:

@@ -41,6 +41,8 @@ def _ply_header(path: Path, fh: Any) -> tuple[str, list[dict[str, Any]]]:
             if words[0] == "format":
                 fmt = words[1]
             elif words[0] == "element":
+                if int(words[2]) < 0:
+                    raise ValueError("negative count")
                 elements.append({"name": words[1], "count": int(words[2]), "props": []})
             elif words[0] == "property":
                 if words[1] == "list":
@@ -84,20 +86,23 @@ def _ply_read_binary(path: Path, fh: Any, fmt: str, elements: list[dict[str, Any
                     continue
         # General path: element by element (lists of any length).
         rows: list[list[Any]] = []
-        for _ in range(count):
-            row = []
-            for prop in props:
-                if len(prop) == 2:
-                    dt = np.dtype(order + prop[1])
-                    row.append(np.frombuffer(data, dt, 1, pos)[0])
-                    pos += dt.itemsize
-                else:
-                    cdt, idt = np.dtype(order + prop[2]), np.dtype(order + prop[3])
-                    n = int(np.frombuffer(data, cdt, 1, pos)[0])
-                    pos += cdt.itemsize
-                    row.append(np.frombuffer(data, idt, n, pos))
-                    pos += idt.itemsize * n
-            rows.append(row)
+        try:
+            for _ in range(count):
+                row = []
+                for prop in props:
+                    if len(prop) == 2:
+                        dt = np.dtype(order + prop[1])
+                        row.append(np.frombuffer(data, dt, 1, pos)[0])
+                        pos += dt.itemsize
+                    else:
+                        cdt, idt = np.dtype(order + prop[2]), np.dtype(order + prop[3])
+                        n = int(np.frombuffer(data, cdt, 1, pos)[0])
+                        pos += cdt.itemsize
+                        row.append(np.frombuffer(data, idt, n, pos))
+                        pos += idt.itemsize * n
+                rows.append(row)
+        except ValueError:  # np.frombuffer past the end of the data (or a negative list length)
+            raise fail(path, f"truncated PLY: element '{el['name']}' ends after {len(rows)} of {count} entries") from None
         if el["name"] == "face":
             first_list = next(i for i, p in enumerate(props) if len(p) == 4)
             out["face"] = [row[first_list] for row in rows]
@@ -117,6 +122,9 @@ def _ply_read_ascii(path: Path, fh: Any, elements: list[dict[str, Any]]) -> dict
         if len(block) < count:
             raise fail(path, f"truncated PLY: element '{el['name']}' has {len(block)} of {count} lines")
         if all(len(p) == 2 for p in props):
+            if count == 0:  # an empty element (np.loadtxt would warn and guess one column)
+                out[el["name"]] = {name: np.zeros(0, dtype=t) for name, t in props}
+                continue
             try:
                 table = np.loadtxt(block, dtype=np.float64, ndmin=2)  # (count, nprops)
             except ValueError as exc:
@@ -125,7 +133,10 @@ def _ply_read_ascii(path: Path, fh: Any, elements: list[dict[str, Any]]) -> dict
                 raise fail(path, f"'{el['name']}' lines have {table.shape[1]} values, expected {len(props)}")
             out[el["name"]] = {name: table[:, i].astype(t) for i, (name, t) in enumerate(props)}
         elif el["name"] == "face":
-            faces = [[int(v) for v in ln.split()[1 : 1 + int(ln.split()[0])]] for ln in block]
+            try:
+                faces = [[int(v) for v in ln.split()[1 : 1 + int(ln.split()[0])]] for ln in block]
+            except ValueError as exc:
+                raise fail(path, f"malformed 'face' line in ascii PLY ({exc}); expected 'n i1 ... in'") from exc
             out["face"] = faces
         pos += count
     return out
@@ -145,7 +156,11 @@ def read_ply(path: Path) -> PointData:
         columns = dict(vertex)
     out = from_named_columns(path, columns)
     if "face" in raw and len(raw["face"]):
-        out["faces"] = triangulate(path, raw["face"])
+        faces = triangulate(path, raw["face"])  # (m, 3)
+        nv = len(out["coord"])
+        if faces.size and (faces.min() < 0 or faces.max() >= nv):
+            raise fail(path, f"PLY face index out of range 0..{nv - 1}")
+        out["faces"] = faces
     return out
 
 
