@@ -13,6 +13,11 @@ from tqdm import tqdm
 
 from sciformer.data.base import Batch
 from sciformer.engine.metrics import ConfusionMatrix
+from sciformer.errors import SciformerError
+
+
+class TrainingDiverged(SciformerError):
+    """The training loss became NaN or infinite."""
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -61,7 +66,7 @@ def train_steps(
             logits = model(batch)  # (n, C)
             loss = loss_fn(logits.float(), target)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss became {loss.item()} at step {i}; lower optimizer.lr or set train.grad_clip")
+            raise TrainingDiverged(f"training loss became {loss.item()} at step {i} of the epoch; lower optimizer.lr or set train.grad_clip, then --resume")
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
             scaler.scale(loss).backward()
