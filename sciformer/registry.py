@@ -102,6 +102,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "sciformer.spectral.models",
     "sciformer.data.hsi.task",
     "sciformer.data.pointcloud",
+    "sciformer.pointcloud.models",
 )
 _loaded = False
 

@@ -47,6 +47,7 @@ from sciformer.data.pointcloud.sample import check_features, collate_points, fea
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
     check_eval_transform_specs,
+    PREDICT_OVERLAP,
     predict_scene,
     SceneEvalDataset,
     SceneSegmentationTask,
@@ -280,7 +281,8 @@ def predict_las_file(
         ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
         part_z="min", transform=None, features=features, seed=0,
     )
-    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(classes))
+    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(classes),
+                         overlap=PREDICT_OVERLAP)
     return write_point_predictions(output_path, sample, pred)
 
 
@@ -293,6 +295,8 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         paths[split] = []
         for f in files:
             p = root / f
+            if p.exists() and not p.is_file():
+                raise DataError(f"data.{split}_files: '{f}' under {root} is not a file; expected a .las/.laz tile")
             if not p.is_file():
                 raise DataError(f"data.{split}_files: '{f}' not found under {root}")
             if p.suffix.lower() not in (".las", ".laz"):

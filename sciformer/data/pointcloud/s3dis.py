@@ -45,6 +45,7 @@ from sciformer.data.pointcloud.sample import check_features, collate_points, fea
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
     check_eval_transform_specs,
+    PREDICT_OVERLAP,
     predict_scene,
     SceneEvalDataset,
     SceneSegmentationTask,
@@ -308,7 +309,8 @@ def predict_s3dis_file(
         ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
         part_z="keep", transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), features=features, seed=0,
     )
-    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(class_names))
+    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(class_names),
+                         overlap=PREDICT_OVERLAP)
     out: Sample = {"coord": coord, "colour": data.get("colour")}
     if "label" in data:
         out["label"] = data["label"]

@@ -22,7 +22,7 @@ import torch
 from sciformer.data.base import Batch, PredictFn
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.io import write_ply
-from sciformer.data.pointcloud.sample import split_by_offset
+from sciformer.data.pointcloud.sample import assemble_features, split_by_offset
 from sciformer.data.pointcloud.task import PointDataset, PointTask
 from sciformer.errors import DataError
 from sciformer.pointcloud.transforms import (
@@ -186,6 +186,12 @@ class SceneEvalDataset(PointDataset):
                             f"{sample['coord'].shape[0]}; they must keep every point in order")
         return sample
 
+    def prepare(self, sample: Sample) -> Sample:
+        """Any part of a scene (raw arrays, e.g. an overlapping chunk) -> a model-ready item,
+        made exactly as the items are (recentring, eval transforms, features)."""
+        sample = self.transform(self._shift(sample), np.random.default_rng([self.seed, 0]))
+        return assemble_features(sample, self.features, "scene chunk")
+
     def load(self, index: int, rng: np.random.Generator) -> Sample:
         s, p = self.items[index]
         full, keep, _, parts = self._scene(s)
@@ -238,12 +244,25 @@ def predict_scene(
     *,
     batch_size: int,
     num_classes: int,
+    overlap: float = 0.0,
+    views: Sequence[Any] = (None,),
 ) -> np.ndarray:
     """Predicted class of every original point of ``scene`` (items batched, mapped back).
 
+    With ``overlap > 0`` or test-time ``views`` (see :mod:`sciformer.pointcloud.predict`)
+    the grid-sampled scene is predicted in overlapping chunks of at most the dataset's
+    ``max_points``, with the softmax of every chunk and view summed per point.
+
     Shapes: -> (n,) int64, n = the scene's full point count.
     """
-    _, keep, inverse, _ = dataset._scene(scene)
+    full, keep, inverse, _ = dataset._scene(scene)
+    if overlap > 0 or tuple(views) != (None,):
+        from sciformer.pointcloud.predict import predict_chunked  # the model side imports this module
+
+        probs = predict_chunked(predict, index_points(full, keep), dataset.prepare, num_classes=num_classes,
+                                max_points=dataset.max_points, overlap=overlap, batch_size=batch_size,
+                                views=views, collate=collate)  # (m, C)
+        return probs.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
     item_ids = [i for i, (s, _) in enumerate(dataset.items) if s == scene]
     logits_kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
     step = max(1, batch_size)
@@ -271,11 +290,13 @@ def evaluate_scenes(
     out_dir: Path | None = None,
     write_npy: bool = True,
     write_ply_files: bool = True,
+    write_png: bool = False,
 ) -> dict[str, Any]:
     """Predict every item, map back to every original point, and score per point.
 
-    With ``out_dir``, writes per scene ``<name>_pred.npy`` (n,) int64 and
-    ``<name>.ply`` with x, y, z, colour, ``pred`` and ``label`` (each switchable).
+    With ``out_dir``, writes per scene ``<name>_pred.npy`` (n,) int64,
+    ``<name>.ply`` with x, y, z, colour, ``pred`` and ``label``, and ``<name>.png``
+    (top views of prediction and truth with a class legend), each switchable.
     """
     num_classes = len(class_names)
     conf = np.zeros((num_classes, num_classes), dtype=np.int64)
@@ -294,6 +315,11 @@ def evaluate_scenes(
             if write_ply_files:
                 write_ply(out_dir / f"{name}.ply", np.asarray(full["coord"]), full.get("colour"),
                           pred=pred.astype(np.int32), label=label.astype(np.int32))
+            if write_png:
+                from sciformer.pointcloud.render import render_labels
+
+                render_labels(out_dir / f"{name}.png", np.asarray(full["coord"]), {"prediction": pred, "truth": label},
+                              class_names, max_points=100_000, title=name)
     metrics = segmentation_metrics(conf, class_names)
     metrics["scenes"] = len(scenes)
     return metrics
@@ -320,6 +346,7 @@ class ArrayScene(SceneSource):
 
 
 PREDICTION_SUFFIXES = (".npy", ".ply")
+PREDICT_OVERLAP = 0.25  # context points per core point when a file predictor splits a scene
 
 
 def write_point_predictions(output_path: Path, sample: Sample, pred: np.ndarray) -> Path:
@@ -362,8 +389,9 @@ class SceneSegmentationTask(PointTask):
     def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test") -> dict[str, Any]:
         """Predict every ``split`` scene, write per-point predictions, return full-resolution metrics.
 
-        ``export.npy`` / ``export.ply`` (attributes or dict keys, default True) switch the
-        ``<scene>_pred.npy`` and ``<scene>.ply`` files; the metrics are returned either way.
+        ``export.npy`` / ``export.ply`` / ``export.png`` (attributes or dict keys, default
+        True) switch the ``<scene>_pred.npy``, ``<scene>.ply`` and ``<scene>.png`` files; the
+        metrics are returned either way.
         """
         dataset = self.dataset(split)
         if not isinstance(dataset, SceneEvalDataset):
@@ -378,5 +406,6 @@ class SceneSegmentationTask(PointTask):
             out_dir=Path(out_dir),
             write_npy=_flag(export, "npy", True),
             write_ply_files=_flag(export, "ply", True),
+            write_png=_flag(export, "png", True),
         )
         return {"full_resolution": metrics}

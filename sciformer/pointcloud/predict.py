@@ -1,0 +1,177 @@
+"""Prediction of huge point clouds in bounded memory: overlapping chunks, merged softmax, TTA.
+
+A cloud of any size is covered by *chunks* of at most ``max_points`` points. Each chunk is
+a compact *core* (the cloud split by recursive median cuts, see
+:func:`sciformer.data.pointcloud.scenes.partition_points`) plus its nearest surrounding
+points as context (``overlap``: context points per core point), so points near a core's
+border are also seen with their neighbourhood from another chunk. The softmax of every
+chunk (and of every test-time view) is summed per original point and normalised::
+
+    probs = predict_chunked(predict, sample, prepare, num_classes=8, max_points=100_000)
+    labels = probs.argmax(axis=1)                    # (n,)
+
+Memory is bounded by one batch of chunks plus the (n, num_classes) accumulator, whatever
+the size of the cloud.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sciformer.data.base import Batch, PredictFn
+from sciformer.data.pointcloud.sample import collate_points
+from sciformer.data.pointcloud.scenes import partition_points
+from sciformer.errors import DataError
+from sciformer.pointcloud.transforms import RandomFlip, RandomRotate, Sample, Transform, index_points
+
+__all__ = ["Chunk", "plan_chunks", "predict_chunked", "tta_views"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk: ``index`` (m,) int64 positions into the cloud, its ``core`` points first."""
+
+    index: np.ndarray
+    core: int
+
+
+def plan_chunks(coord: np.ndarray, max_points: int | None, overlap: float = 0.25) -> list[Chunk]:
+    """Chunks of at most ``max_points`` points whose cores cover every point exactly once.
+
+    Cores hold at most ``max_points / (1 + overlap)`` points; each gets ``overlap`` times
+    its size of the points closest to its horizontal bounding box (Chebyshev distance in
+    x, y) as context, so a chunk never exceeds ``max_points``. ``max_points=None`` or a cloud that fits gives one chunk of
+    every point in input order.
+
+    Shapes:
+        coord: (n, 3) -> chunks with index (m_i,), m_i <= max_points
+    """
+    coord = np.asarray(coord)
+    if coord.ndim != 2 or coord.shape[1] < 2 or coord.shape[0] == 0:
+        raise DataError(f"plan_chunks: coord must have shape (n, 3) with n > 0, got {coord.shape}")
+    if max_points is not None and max_points < 1:
+        raise DataError(f"plan_chunks: max_points must be >= 1 or None, got {max_points}")
+    if not 0.0 <= overlap:
+        raise DataError(f"plan_chunks: overlap must be >= 0, got {overlap}")
+    n = coord.shape[0]
+    if max_points is None or n <= max_points:
+        return [Chunk(np.arange(n, dtype=np.int64), n)]
+    core_points = max(1, int(max_points / (1.0 + overlap)))
+    xy = np.ascontiguousarray(coord[:, :2], dtype=np.float64)  # (n, 2)
+    chunks = []
+    in_core = np.zeros(n, dtype=bool)
+    for core in partition_points(coord, core_points):
+        core = np.sort(core).astype(np.int64)
+        extra = min(int(overlap * len(core)), max_points - len(core), n - len(core))
+        if extra <= 0:
+            chunks.append(Chunk(core, len(core)))
+            continue
+        lo, hi = xy[core].min(axis=0), xy[core].max(axis=0)  # (2,)
+        gap = np.maximum(np.maximum(lo - xy, xy - hi), 0.0).max(axis=1)  # (n,) distance to the box
+        in_core[core] = True
+        gap[in_core] = np.inf
+        in_core[core] = False
+        context = np.argpartition(gap, extra - 1)[:extra]  # (extra,) nearest non-core points
+        chunks.append(Chunk(np.concatenate([core, np.sort(context)]), len(core)))
+    return chunks
+
+
+def tta_views(rotations: int = 1, flip: bool = False) -> list[Transform | None]:
+    """Test-time views: ``rotations`` equal turns about z (the first is the identity), each
+    also mirrored in x when ``flip``. ``None`` stands for the unchanged input."""
+    if rotations < 1:
+        raise DataError(f"tta_views: rotations must be >= 1, got {rotations}")
+    views: list[Transform | None] = []
+    for i in range(rotations):
+        angle = 360.0 * i / rotations
+        turn = RandomRotate(axis="z", angle=(angle, angle), p=1.0) if i else None
+        views.append(turn)
+        if flip:
+            mirror = RandomFlip(axes=("x",), p=1.0)
+            views.append(mirror if turn is None else _Both(turn, mirror))
+    return views
+
+
+class _Both(Transform):
+    """Two deterministic transforms in order (a rotated and mirrored view)."""
+
+    def __init__(self, first: Transform, second: Transform) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, sample: Sample, rng: np.random.Generator | None = None) -> Sample:
+        return self.second(self.first(sample, rng), rng)
+
+
+def predict_chunked(
+    predict: PredictFn,
+    sample: Sample,
+    prepare: Callable[[Sample], Sample],
+    *,
+    num_classes: int,
+    max_points: int | None,
+    overlap: float = 0.25,
+    batch_size: int = 1,
+    views: Sequence[Transform | None] = (None,),
+    collate: Callable[[list[Sample]], Batch] = collate_points,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """Class probabilities of every point of a cloud, predicted chunk by chunk.
+
+    Args:
+        predict: batch dict -> logits (N, num_classes) (the model in eval mode).
+        sample: the whole cloud: ``coord`` (n, 3) and any per-point arrays.
+        prepare: a chunk's raw sample -> a model-ready item (centring, features), as the
+            dataset makes its items; it must keep every point in order.
+        num_classes: logits per point.
+        max_points: chunk size bound (cores plus context); None: one chunk.
+        overlap: context points per core point (0: disjoint chunks).
+        batch_size: chunks per model call.
+        views: test-time views (:func:`tta_views`), applied to each chunk before
+            ``prepare``; ``None`` is the unchanged chunk.
+        collate: items -> batch dict.
+        progress: called with (done, total) model calls.
+
+    Returns:
+        (n, num_classes) float32: the summed softmax of every chunk and view covering a
+        point, divided by their count (rows sum to 1).
+    """
+    coord = np.asarray(sample["coord"])  # (n, 3)
+    n = coord.shape[0]
+    if not views:
+        raise DataError("predict_chunked: views must hold at least one view (None is the unchanged input)")
+    chunks = plan_chunks(coord, max_points, overlap)
+    total = np.zeros((n, num_classes), dtype=np.float32)  # (n, C) summed softmax
+    count = np.zeros(n, dtype=np.float32)  # (n,) chunks x views seen
+    jobs = [(chunk, view) for chunk in chunks for view in views]
+    step = max(1, int(batch_size))
+    calls = (len(jobs) + step - 1) // step
+    for call, start in enumerate(range(0, len(jobs), step)):
+        part = jobs[start : start + step]
+        items = []
+        for chunk, view in part:
+            piece = index_points(sample, chunk.index)
+            if view is not None:
+                piece = view(piece, np.random.default_rng(0))
+            item = prepare(piece)
+            if np.asarray(item["coord"]).shape[0] != len(chunk.index):
+                raise DataError(f"predict_chunked: prepare changed a chunk of {len(chunk.index)} points into {np.asarray(item['coord']).shape[0]}; it must keep every point")
+            items.append(item)
+        batch = collate(items)
+        with torch.no_grad():
+            logits = predict(batch).detach().float()  # (N, C)
+        if tuple(logits.shape) != (int(batch["offset"][-1]), num_classes):
+            raise DataError(f"predict returned logits of shape {tuple(logits.shape)}, expected ({int(batch['offset'][-1])}, {num_classes})")
+        probs = torch.softmax(logits, dim=1).cpu().numpy()  # (N, C)
+        first = 0
+        for chunk, _ in part:
+            m = len(chunk.index)
+            total[chunk.index] += probs[first : first + m]  # a chunk never repeats a point
+            count[chunk.index] += 1.0
+            first += m
+        if progress is not None:
+            progress(call + 1, calls)
+    return total / np.maximum(count, 1.0)[:, None]

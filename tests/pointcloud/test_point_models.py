@@ -1,0 +1,201 @@
+"""Point Transformer layers and models: shapes, gradients, equivariance, configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sciformer.config import validate
+from sciformer.data.base import DataInfo
+from sciformer.errors import ConfigError, DataError
+from sciformer.geometry import sizes_to_offset
+from sciformer.pointcloud.layers import Level, TransitionDown, TransitionUp, fps_start, segment_mean
+from sciformer.pointcloud.models import input_level
+from sciformer.registry import MODELS
+
+SMALL = {"channels": [16, 32, 32], "blocks": [1, 1, 1], "strides": [1, 4, 2], "k": 8}
+POINT_MODELS = [name for name in MODELS.names() if name.startswith("point_transformer")]
+
+
+def make_batch(sizes: list[int], channels: int, seed: int = 0, num_classes: int = 5, per_point: bool = True) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    batch = {
+        "coord": torch.rand(n, 3, generator=gen),  # (N, 3)
+        "feat": torch.rand(n, channels, generator=gen),  # (N, C)
+        "offset": sizes_to_offset(sizes),  # (B,)
+    }
+    batch["target"] = torch.randint(0, num_classes, (n if per_point else len(sizes),), generator=gen)
+    return batch
+
+
+def build(name: str, in_channels: int, num_classes: int = 5, extras: dict | None = None, **params) -> torch.nn.Module:
+    entry = MODELS.get(name)
+    task = "classification" if name.endswith("_cls") else "segmentation"
+    info = DataInfo(num_classes, [f"c{i}" for i in range(num_classes)], in_channels, {"task": task, **(extras or {})})
+    cfg = entry.config(**{**SMALL, **params})
+    if name.endswith("_cls"):
+        cfg = entry.config(**{**SMALL, "head_hidden": [32], **params})
+    return entry.builder(cfg, info)
+
+
+def test_point_models_are_registered() -> None:
+    assert {"point_transformer_cls", "point_transformer_seg"} <= set(POINT_MODELS)
+
+
+@pytest.mark.parametrize("name", POINT_MODELS)
+@pytest.mark.parametrize("channels", [0, 3])
+def test_forward_backward_on_unequal_clouds(name: str, channels: int) -> None:
+    torch.manual_seed(0)
+    model = build(name, channels)
+    sizes = [37, 64, 19]
+    per_point = not name.endswith("_cls")
+    batch = make_batch(sizes, channels, per_point=per_point)
+    logits = model(batch)
+    assert logits.shape == ((sum(sizes) if per_point else len(sizes)), 5)
+    loss = torch.nn.functional.cross_entropy(logits, batch["target"])
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    missing = [n for n, g in grads.items() if g is None]
+    assert not missing, f"parameters without gradient: {missing[:5]}"
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert sum(float(g.abs().sum()) for g in grads.values()) > 0
+
+
+@pytest.mark.parametrize("name", POINT_MODELS)
+def test_grid_pooling_variant_trains(name: str) -> None:
+    model = build(name, 3, downsample="grid", grid_sizes=[0.2, 0.4])
+    assert any(type(m).__name__ == "GridPoolDown" for m in model.modules())
+    per_point = not name.endswith("_cls")
+    batch = make_batch([60, 45], 3, per_point=per_point)
+    logits = model(batch)
+    assert logits.shape == ((105 if per_point else 2), 5)
+    torch.nn.functional.cross_entropy(logits, batch["target"]).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="grid_sizes"):
+        MODELS.get(name).config(**SMALL, downsample="grid", grid_sizes=[0.2])
+
+
+def test_classifier_output_is_one_row_per_cloud() -> None:
+    model = build("point_transformer_cls", 0, num_classes=7).eval()
+    with torch.no_grad():
+        out = model(make_batch([30, 41, 25, 50], 0, per_point=False))
+    assert out.shape == (4, 7)
+    assert torch.isfinite(out).all()
+
+
+def test_classifier_cloud_independent_of_batch_mates() -> None:
+    model = build("point_transformer_cls", 3).eval()
+    batch = make_batch([40, 55], 3, per_point=False)
+    with torch.no_grad():
+        both = model(batch)
+        first = model({"coord": batch["coord"][:40], "feat": batch["feat"][:40], "offset": torch.tensor([40])})
+    torch.testing.assert_close(both[:1], first, atol=1e-5, rtol=1e-4)
+
+
+def test_segmentation_is_permutation_equivariant_in_eval_mode() -> None:
+    torch.manual_seed(0)
+    model = build("point_transformer_seg", 3).eval()
+    sizes = [48, 70]
+    batch = make_batch(sizes, 3, seed=3)
+    gen = torch.Generator().manual_seed(7)
+    perm = torch.cat([torch.randperm(48, generator=gen), 48 + torch.randperm(70, generator=gen)])  # within each cloud
+    permuted = {"coord": batch["coord"][perm], "feat": batch["feat"][perm], "offset": batch["offset"]}
+    with torch.no_grad():
+        out = model(batch)
+        out_perm = model(permuted)
+    torch.testing.assert_close(out_perm, out[perm], atol=1e-4, rtol=1e-4)
+
+
+def test_segmentation_with_category_one_hot() -> None:
+    extras = {"category_names": ["a", "b", "c"], "category_parts": {"a": [0, 1], "b": [2], "c": [3, 4]}}
+    model = build("point_transformer_seg", 0, extras=extras).eval()
+    assert model.head.num_conditions == 3
+    batch = make_batch([30, 30], 0)
+    with torch.no_grad():
+        a = model(batch | {"category": torch.tensor([0, 1])})
+        b = model(batch | {"category": torch.tensor([0, 2])})
+    torch.testing.assert_close(a[:30], b[:30])
+    assert not torch.allclose(a[30:], b[30:])
+    with pytest.raises(DataError, match="category"):
+        model(batch)
+    without = build("point_transformer_seg", 0, extras=extras, use_category=False)
+    assert without.head.num_conditions == 0
+    with pytest.raises(ConfigError, match="use_category"):
+        build("point_transformer_seg", 0, use_category=True)
+
+
+def test_input_level_appends_coordinates_and_handles_no_channels() -> None:
+    batch = make_batch([5, 6], 2)
+    level = input_level(batch, 2, use_coord=True)
+    assert level.feat.shape == (11, 5)
+    torch.testing.assert_close(level.feat[:, 2:], batch["coord"])
+    bare = input_level({"coord": batch["coord"], "feat": torch.zeros(11, 0), "offset": batch["offset"]}, 0, use_coord=False)
+    torch.testing.assert_close(bare.feat, torch.ones(11, 1))
+    with pytest.raises(DataError, match="feat"):
+        input_level(batch, 3, use_coord=True)
+    with pytest.raises(DataError, match="offset"):
+        input_level(batch | {"offset": torch.tensor([5, 10])}, 2, use_coord=True)
+
+
+def test_transition_down_shapes_and_stride_one() -> None:
+    batch = make_batch([20, 33], 6)
+    level = Level(batch["coord"], batch["feat"], batch["offset"])
+    down = TransitionDown(6, 12, stride=4, k=8)(level)
+    assert down.offset.tolist() == [5, 13]
+    assert down.coord.shape == (13, 3) and down.feat.shape == (13, 12)
+    # sampled points are real points of their own cloud
+    first, second = batch["coord"][:20], batch["coord"][20:]
+    assert all((first == p).all(dim=1).any() for p in down.coord[:5])
+    assert all((second == p).all(dim=1).any() for p in down.coord[5:])
+    same = TransitionDown(6, 12, stride=1)(level)
+    assert same.feat.shape == (53, 12) and same.coord is level.coord
+    assert (down.feat >= 0).all()  # max of ReLU outputs
+
+
+def test_transition_up_interpolates_constant_features_exactly() -> None:
+    fine = make_batch([25, 40], 4, seed=1)
+    coarse = make_batch([6, 9], 8, seed=2)
+    coarse_feat = torch.full((15, 8), 0.5)
+    up = TransitionUp(8, 16, skip_channels=4).eval()
+    out = up(Level(coarse["coord"], coarse_feat, coarse["offset"]), Level(fine["coord"], fine["feat"], fine["offset"]))
+    assert out.feat.shape == (65, 16) and out.offset is fine["offset"]
+    with torch.no_grad():
+        expected = up.skip(fine["feat"]) + up.coarse(coarse_feat[:1])  # every fine point gets the constant
+    torch.testing.assert_close(out.feat, expected.expand(65, 16), atol=1e-5, rtol=1e-5)
+
+
+def test_deepest_transition_up_uses_cloud_mean() -> None:
+    coarse = make_batch([4, 6], 8)
+    up = TransitionUp(8).eval()
+    out = up(Level(coarse["coord"], coarse["feat"], coarse["offset"]))
+    assert out.feat.shape == (10, 8)
+    moved = coarse["feat"].clone()
+    moved[5] += 3.0  # changes the second cloud's mean only
+    out2 = up(Level(coarse["coord"], moved, coarse["offset"]))
+    torch.testing.assert_close(out.feat[:4], out2.feat[:4])
+    assert not torch.allclose(out.feat[6:], out2.feat[6:])
+
+
+def test_segment_mean_and_fps_start() -> None:
+    x = torch.tensor([[1.0], [3.0], [10.0], [20.0], [30.0]])
+    torch.testing.assert_close(segment_mean(x, torch.tensor([2, 5])), torch.tensor([[2.0], [20.0]]))
+    coord = torch.tensor([[0.0, 0, 0], [0.1, 0, 0], [5.0, 0, 0], [0, 0, 0], [0, 2.0, 0], [0, 0.1, 0]])
+    assert fps_start(coord, torch.tensor([3, 6])).tolist() == [2, 1]
+
+
+def test_config_errors_are_one_line_config_errors() -> None:
+    def load(model: dict) -> None:
+        validate({"data": {"name": "modelnet"}, "model": {"name": "point_transformer_seg", **model}}, base_dir=Path("."))
+
+    with pytest.raises(ConfigError, match="one entry per stage"):
+        load({"channels": [32, 64], "blocks": [1, 1, 1], "strides": [1, 4, 4]})
+    with pytest.raises(ConfigError, match="share_planes"):
+        load({"channels": [30, 64], "blocks": [1, 1], "strides": [1, 4]})
+    with pytest.raises(ConfigError, match="model.dropuot"):
+        load({"dropuot": 0.1})
+    entry = MODELS.get("point_transformer_cls")
+    with pytest.raises(ConfigError, match="classification model"):
+        entry.builder(entry.config(), DataInfo(3, ["a", "b", "c"], 0, {"task": "segmentation"}))
