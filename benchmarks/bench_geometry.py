@@ -2,15 +2,16 @@
 
 Rows: kNN (k=16, self-query) at 10k / 100k / 1M points, FPS to N/4 at 10k / 80k points,
 grid pooling at 1M points; GPU rows when CUDA exists. Data: uniform random float32 points
-in the unit cube (fixed seed). The methods of one case run round-robin, ``--repeats``
-times, and each keeps its best time, so a busy machine slows them alike. The ratio column
+in the unit cube (fixed seed). The methods of one case run round-robin, ``--repeats`` times
+and on until each has used 3 s (at most 40 runs), and each keeps its best time: on a busy
+machine the best of many runs is the one least disturbed, for every method alike. The ratio column
 divides by the fastest *peer* (non-sciformer row) of the same case; every FPS peer listed
 is exact. "agrees" compares each peer's output with sciformer's. Peers that are not
 installed print as "absent"; peers whose estimated time (scaled from the previous size)
 exceeds ``--budget`` print as "skipped (> budget)" with the estimate.
 
     python benchmarks/bench_geometry.py            # full table (~3-5 min on 2 cores)
-    python benchmarks/bench_geometry.py --quick    # 1 repeat, 10 s budget
+    python benchmarks/bench_geometry.py --quick    # 1 repeat, 1 s per method, 10 s budget
     python benchmarks/bench_geometry.py --only knn fps --knn-sizes 10000 100000
 """
 
@@ -53,8 +54,8 @@ class Row:
 class Bench:
     repeats: int
     budget: float
-    min_time: float = 1.0
-    max_runs: int = 15
+    min_time: float = 3.0
+    max_runs: int = 40
     rows: list[Row] = field(default_factory=list)
     pending: list[Row] = field(default_factory=list)
 
@@ -159,10 +160,11 @@ def knn_peers(x_np: np.ndarray, device: str) -> dict[str, Callable[[], tuple[np.
     return peers
 
 
-def brute_knn(x: torch.Tensor):
+def brute_knn(x: torch.Tensor, rows: int | None = None):
+    """Chunked ``cdist`` + ``topk`` for the first ``rows`` queries (all by default)."""
     out = []
     chunk = max(1, (1 << 24) // len(x))
-    for s in range(0, len(x), chunk):
+    for s in range(0, len(x) if rows is None else rows, chunk):
         out.append(torch.cdist(x[s : s + chunk], x).topk(K, largest=False).indices)
     result = torch.cat(out)
     if x.is_cuda:
@@ -182,7 +184,7 @@ def neighbour_agreement(ours: torch.Tensor, theirs, rows: np.ndarray) -> str:
 
 
 def bench_knn(bench: Bench, sizes: list[int], device: str, rng: np.random.Generator) -> None:
-    brute_rate = None  # seconds per (query x support) pair, from the smallest size
+    brute_rate = None  # seconds per (query x support) pair: probe, then the previous size
     for n in sizes:
         case = f"kNN k={K}, N={n // 1000}k{' (GPU)' if device != 'cpu' else ''}"
         x_np = rng.random((n, 3), dtype=np.float32)
@@ -198,10 +200,12 @@ def bench_knn(bench: Bench, sizes: list[int], device: str, rng: np.random.Genera
         ours_idx = knn(x, None, K).index
         rows = rng.choice(n, size=min(n, 20_000), replace=False)
         brute = None
+        if brute_rate is None:  # probe 1000 queries
+            t0 = time.perf_counter()
+            brute_knn(x, rows=min(n, 1000))
+            brute_rate = (time.perf_counter() - t0) / (min(n, 1000) * n)
         for name, fn in knn_peers(x_np, device).items():
-            estimate = None
-            if name.startswith("torch brute"):
-                estimate = None if brute_rate is None else brute_rate * n * n
+            estimate = brute_rate * n * n if name.startswith("torch brute") else None
             check = None if fn is None else (lambda out: neighbour_agreement(ours_idx, out, rows))
             row = bench.add(case, name, fn, estimate=estimate, check=check)
             brute = row if name.startswith("torch brute") else brute
@@ -386,7 +390,7 @@ def versions() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 repeat, 10 s budget (1M rows still run)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 1 s per method, 10 s budget (1M rows still run)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per measurement, best kept (default 3, quick 1)")
     parser.add_argument("--budget", type=float, default=None, help="skip peers estimated slower than this (s; default 30, quick 10)")
     parser.add_argument("--only", nargs="+", choices=["knn", "fps", "grid"], default=["knn", "fps", "grid"])
@@ -403,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# cpus {os.cpu_count()}, torch threads {torch.get_num_threads()}, load {load:.1f}, "
           f"repeats {repeats}, budget {budget:.0f} s, cuda {torch.cuda.is_available()}")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and not args.no_cuda else [])
-    bench = Bench(repeats, budget)
+    bench = Bench(repeats, budget, min_time=1.0 if args.quick else 3.0)
     warm = torch.rand(2000, 3)  # imports and first-call costs out of the timings
     knn(warm, None, K), fps(warm, n=500), grid_pool(warm, 0.1)
     for device in devices:

@@ -139,6 +139,14 @@ def test_spatially_sorted_query_path_matches_ckdtree(backend, monkeypatch):
     ball = radius(x, None, 0.5, 8, o, backend=backend)
     want = radius(x, None, 0.5, 8, o, backend="brute")
     assert torch.equal(ball.index.sort(dim=1).values, want.index.sort(dim=1).values)
+    query, q_off = random_batch(rng, [1500, 800, 40])  # cross query: separate orders
+    q, qo = torch.from_numpy(query), torch.from_numpy(q_off)
+    cross = knn(q, x, 8, qo, o, backend=backend)
+    o_idx, o_dist = knn_oracle(query, pts, 8, q_off, off)
+    assert_matches(cross.index, cross.dist, pts, query, o_idx, o_dist, q_off, 1e-9)
+    ball = radius(q, x, 2.0, 8, qo, o, backend=backend)
+    want = radius(q, x, 2.0, 8, qo, o, backend="brute")
+    assert torch.equal(ball.index.sort(dim=1).values, want.index.sort(dim=1).values)
 
 
 def test_high_dimensional_auto_uses_brute_force_and_matches_oracle():
