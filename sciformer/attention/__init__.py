@@ -17,8 +17,8 @@ from sciformer.attention.positional import (
 )
 from sciformer.attention.transformer import CrossLayerFusion, TransformerBlock, TransformerEncoder
 
-# --- neighbourhood (point) form: sciformer/attention/neighborhood.py -------------------
-# (its imports and names go here)
+# --- neighbourhood (point) form ------------------------------------------------------
+from sciformer.attention.neighborhood import PointTransformerBlock, PointTransformerLayer, check_neighbor_index
 
 __all__ = [
     # blocks
@@ -42,4 +42,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerEncoder",
     # neighbourhood form
+    "PointTransformerBlock",
+    "PointTransformerLayer",
+    "check_neighbor_index",
 ]

@@ -1,0 +1,203 @@
+"""Point Transformer layer, forward + backward: sciformer vs torch_geometric, one run.
+
+Time: one subprocess builds every case and interleaves them, one forward+backward per case
+per round after a warm-up, so that all cases see the same machine load; the table shows
+the median time over rounds and the median over rounds of the per-round speed-up against
+PyG (robust to load drifting during the run).
+Memory: every case runs again in a fresh subprocess (so that peak RSS is its own): it
+loads the shared points and kNN index, builds its layer, records RSS as the baseline and
+reports ``ru_maxrss`` above it after a warm-up and one timed forward+backward (median
+over ``--mem-rounds`` subprocesses).
+
+Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradients):
+  pyg            torch_geometric.nn.PointTransformerConv, PTv1 pos_nn / attn_nn with
+                 G = C (PyG's attn_nn must return C channels), edges = the same kNN index
+  plain          sciformer PointTransformerLayer(share_planes=1, memory_efficient=False):
+                 the straightforward gather implementation, same math as pyg
+  sciformer      PointTransformerLayer(share_planes=1): same math as pyg, chunked fused path
+  plain-ptv1     as plain, share_planes=8 (PTv1 default; cheaper math, not comparable to pyg)
+  sciformer-ptv1 as sciformer, share_planes=8
+
+Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
+       [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+ALL_CASES = ["pyg", "plain", "sciformer", "plain-ptv1", "sciformer-ptv1"]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def build_case(case: str, data: str, c: int, chunk: int | None) -> Callable[[], None]:
+    """A closure running one training-mode forward+backward of the case's layer."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    blob = torch.load(data)
+    pos, idx = blob["pos"], blob["idx"]
+    n, k = idx.shape
+    x = torch.randn(n, c).requires_grad_()
+    pos = pos.clone().requires_grad_()
+    grad = torch.randn(n, c)
+    if case == "pyg":
+        from torch_geometric.nn import PointTransformerConv
+
+        layer: nn.Module = PointTransformerConv(
+            c,
+            c,
+            pos_nn=nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, c)),
+            attn_nn=nn.Sequential(
+                nn.BatchNorm1d(c), nn.ReLU(), nn.Linear(c, c),
+                nn.BatchNorm1d(c), nn.ReLU(), nn.Linear(c, c),
+            ),
+            add_self_loops=False,  # the kNN index already contains every point itself
+        )
+        edge_index = torch.stack([idx.reshape(-1), torch.arange(n).repeat_interleave(k)])
+        args: tuple = (x, pos, edge_index)
+    else:
+        from sciformer.attention.neighborhood import PointTransformerLayer
+
+        share = 8 if case.endswith("ptv1") else 1
+        eff = case.startswith("sciformer")
+        layer = PointTransformerLayer(
+            c, c, share_planes=share, memory_efficient=eff, chunk_size=chunk
+        )
+        args = (x, pos, idx)
+    layer.train()
+
+    def step() -> None:
+        x.grad = pos.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(*args).backward(grad)
+
+    return step
+
+
+def child_memory(case: str, data: str, c: int, threads: int, chunk: int | None) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    step = build_case(case, data, c, chunk)
+    base = _rss_mb()
+    step()  # warm-up
+    step()
+    return {"peak_mb": _peak_mb() - base}
+
+
+def child_timing(
+    cases: list[str], data: str, c: int, threads: int, rounds: int, chunk: int | None
+) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    steps = {case: build_case(case, data, c, chunk) for case in cases}
+    for step in steps.values():  # warm-up
+        step()
+    times: dict[str, list[float]] = {case: [] for case in cases}
+    for _ in range(rounds):
+        for case, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[case].append(time.perf_counter() - t0)
+    return times
+
+
+def _child(args: argparse.Namespace, extra: list[str]) -> dict:
+    cmd = [
+        sys.executable, __file__, "--data", args.data, "--c", str(args.c),
+        "--threads", str(args.threads), "--rounds", str(args.rounds), *extra,
+    ]
+    if args.chunk:
+        cmd += ["--chunk", str(args.chunk)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--n", type=int, default=16384)
+    ap.add_argument("--c", type=int, default=64)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    ap.add_argument("--mem-rounds", type=int, default=2, help="fresh subprocesses per case for RSS")
+    ap.add_argument("--chunk", type=int, default=None, help="sciformer chunk_size (default auto)")
+    ap.add_argument("--cases", default=",".join(ALL_CASES))
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["memory", "timing"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    cases = [s for s in args.cases.split(",") if s]
+    unknown = sorted(set(cases) - set(ALL_CASES))
+    if unknown:
+        sys.exit(f"--cases: unknown {unknown}; expected names from {ALL_CASES}")
+
+    if args.child == "memory":
+        print(json.dumps(child_memory(cases[0], args.data, args.c, args.threads, args.chunk)))
+        return
+    if args.child == "timing":
+        res = child_timing(cases, args.data, args.c, args.threads, args.rounds, args.chunk)
+        print(json.dumps(res))
+        return
+
+    import numpy as np
+    import torch
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(0)
+    pts = rng.random((args.n, 3)).astype(np.float32)
+    _, nbr = cKDTree(pts).query(pts, k=args.k)
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        args.data = os.path.join(tmp, "points.pt")
+        torch.save({"pos": torch.from_numpy(pts), "idx": torch.from_numpy(nbr).long()}, args.data)
+        times = _child(args, ["--child", "timing", "--cases", ",".join(cases)])
+        peaks: dict[str, list[float]] = {case: [] for case in cases}
+        for _ in range(args.mem_rounds):
+            for case in cases:
+                peaks[case].append(_child(args, ["--child", "memory", "--cases", case])["peak_mb"])
+    load1 = os.getloadavg()[0]
+
+    print(
+        f"Point Transformer layer fwd+bwd (training), N={args.n}, C={args.c}, k={args.k}, "
+        f"threads={args.threads}; time: median of {args.rounds} interleaved rounds; "
+        f"peak: ru_maxrss above baseline, fresh process per case; "
+        f"load average {load0:.1f} -> {load1:.1f} (2 cores shared)"
+    )
+    head = f"{'impl':16s} {'time s':>8s} {'peak MB':>8s} {'speed-up vs pyg':>16s}"
+    print(f"{head} {'mem vs pyg':>11s}")
+    for case in cases:
+        t = statistics.median(times[case])
+        m = statistics.median(peaks[case])
+        if "pyg" in times:
+            sp = f"{statistics.median(p / s for p, s in zip(times['pyg'], times[case])):.2f}x"
+            mr = f"{m / statistics.median(peaks['pyg']):.2f}"
+        else:
+            sp = mr = "-"
+        print(f"{case:16s} {t:8.3f} {m:8.0f} {sp:>16s} {mr:>11s}")
+
+
+if __name__ == "__main__":
+    main()

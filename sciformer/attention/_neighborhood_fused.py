@@ -1,0 +1,349 @@
+"""Fused, chunked Point Transformer v1 vector attention with BatchNorm (custom autograd).
+
+The PTv1 weight MLP ``BN-ReLU-Linear-BN-ReLU-Linear`` on ``a_ij = k_j - q_i + delta_ij``
+runs as two autograd functions over chunks of points:
+
+- :class:`VectorStage1`: ``u = W1 ReLU(BN1(a))`` with BN1 folded into per-point tensors
+  (statistics from ``_neighborhood_norm.edge_moments``), plus the moments of u for BN2;
+- :class:`VectorStage2`: ``softmax_j(W2 ReLU(BN2(u)))`` and the aggregation
+  ``sum_j p_ij (v_j + delta_ij)``.
+
+Only (N, k, G) tensors (u and the softmax, G = C / share_planes) are kept between the
+passes; the (N, k, C) ones (gathered keys and values, position encoding, pre-activation)
+are recomputed chunk by chunk in the backward pass. On CPU, chunks are spread over worker
+threads (``_neighborhood_parallel``); per-worker partial sums are added in worker order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from sciformer.attention._neighborhood_ops import (
+    Workspace,
+    chunk_ranges,
+    gather_into,
+    relu_backward,
+)
+from sciformer.attention._neighborhood_parallel import run_chunks
+
+
+def _sum_parts(parts: list[Tensor | None]) -> Tensor | None:
+    """Add per-worker partial results in worker order (None when not computed)."""
+    if parts[0] is None:
+        return None
+    total = parts[0]
+    for p in parts[1:]:
+        assert p is not None
+        total = total.add_(p)
+    return total
+
+
+def _relu_pre(
+    ws: Workspace, A: Tensor, B: Tensor, P: Tensor, Wa_t: Tensor, ic: Tensor, s: int, e: int
+) -> Tensor:
+    """ReLU(A[idx] - B_i + P Wa^T) for one chunk, in a workspace buffer (n*k, C)."""
+    n, k = ic.shape
+    c = A.shape[1]
+    pre = gather_into(ws.get("pre", n * k, c), A, ic)  # (n*k, C)
+    pre.view(n, k, c).sub_(B[s:e].unsqueeze(1))
+    pre.addmm_(P[s:e].reshape(n * k, -1), Wa_t)
+    return pre.relu_()
+
+
+class VectorStage1(torch.autograd.Function):
+    """First half of the PTv1 weight MLP, with its BatchNorm folded into the inputs.
+
+    .. math::
+        u_{ij} = W_1\\,\\mathrm{ReLU}(A_{n(i,j)} - B_i + W_a P_{ij})
+
+    where ``A`` = s*K (scaled keys), ``B`` = s*Q - t - s*b_p (scaled queries with the
+    BatchNorm shift), ``W_a`` = diag(s) W_p and P the position-MLP hidden features. The
+    bias of ``W_1`` is left to the caller (it only shifts the next BatchNorm's input).
+    Also returns the per-channel mean and biased variance of u over all N*k edges
+    (per-chunk moments combined in ``stats_dtype``; zeros when it is None), which feed
+    the next BatchNorm; their gradients enter the backward pass. The pre-activation
+    (n, k, C) is recomputed per chunk in the backward pass.
+
+    Shapes:
+        idx: (N, k); A: (M, C); B: (N, C); P: (N, k, d); Wa: (C, d); W1: (G, C)
+        -> u: (N, k, G), mean: (G,), var: (G,)
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        idx: Tensor,
+        chunk: int,
+        stats_dtype: torch.dtype | None,
+        A: Tensor,
+        B: Tensor,
+        P: Tensor,
+        Wa: Tensor,
+        W1: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n, k = idx.shape
+        g = W1.shape[0]
+        u = A.new_empty((n, k, g))  # (N, k, G)
+        Wa_t, W1_t = Wa.t(), W1.t()
+
+        def job(part: list[tuple[int, int]]) -> list[tuple[int, Tensor, Tensor]]:
+            ws = Workspace(A)
+            moments = []
+            for s, e in part:
+                z = _relu_pre(ws, A, B, P, Wa_t, idx[s:e], s, e)  # (m*k, C)
+                uc = u[s:e].view(-1, g)  # (m*k, G)
+                torch.mm(z, W1_t, out=uc)
+                if stats_dtype is not None:
+                    mc = uc.mean(0)  # (G,)
+                    dc = torch.sub(uc, mc, out=ws.get("dc", *uc.shape))  # (m*k, G)
+                    m2 = dc.square_().sum(0)  # (G,)
+                    moments.append((uc.shape[0], mc.to(stats_dtype), m2.to(stats_dtype)))
+            return moments
+
+        parts = run_chunks(job, chunk_ranges(n, chunk), A.device)
+        sdt = stats_dtype or A.dtype
+        mean = torch.zeros(g, dtype=sdt, device=A.device)
+        var = torch.zeros(g, dtype=sdt, device=A.device)
+        chunks = [m for part in parts for m in part]
+        if chunks:  # combine per-chunk moments (Chan et al.)
+            counts = torch.tensor([c for c, _, _ in chunks], dtype=sdt, device=A.device)
+            means = torch.stack([mc for _, mc, _ in chunks])  # (chunks, G)
+            m2s = torch.stack([m2 for _, _, m2 in chunks])  # (chunks, G)
+            total = counts.sum()
+            mean = (counts[:, None] * means).sum(0) / total
+            m2 = m2s.sum(0) + (counts[:, None] * (means - mean).square()).sum(0)
+            var = m2 / total
+        ctx.chunk = chunk
+        ctx.save_for_backward(idx, A, B, P, Wa, W1, u, mean)
+        return u, mean, var
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_u: Tensor | None, g_mean: Tensor | None, g_var: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        idx, A, B, P, Wa, W1, u, mean = ctx.saved_tensors
+        _, _, _, nA, nB, nP, nWa, nW1 = ctx.needs_input_grad
+        n, k, g_dim = u.shape
+        c, d = Wa.shape
+        count = n * k
+        # total gradient of u: grad_u + cv * u + const, with d mean/du = 1/E and
+        # d var/du = 2 (u - mean)/E: cv = 2 g_var/E, const = g_mean/E - cv * mean
+        cv = None if g_var is None else (2.0 * g_var / count).to(u.dtype)  # (G,)
+        const = None
+        if cv is not None:
+            const = -cv * mean.to(u.dtype)
+        if g_mean is not None:
+            cm = (g_mean / count).to(u.dtype)
+            const = cm if const is None else const + cm
+        if grad_u is not None:
+            grad_u = grad_u.contiguous()
+        gB = torch.empty_like(B) if nB else None
+        gP = torch.empty_like(P) if nP else None
+        Wa_t = Wa.t().contiguous()  # (d, C)
+        need_gz = nA or nB or nP or nWa
+
+        def job(part: list[tuple[int, int]]) -> tuple[Tensor | None, ...]:
+            ws = Workspace(A)
+            gA = torch.zeros_like(A) if nA else None
+            gWa_t = Wa.new_zeros((d, c)) if nWa else None  # (d, C)
+            gW1 = torch.zeros_like(W1) if nW1 else None
+            for s, e in part:
+                ic = idx[s:e]
+                m = e - s
+                gu = ws.get("gu", m * k, g_dim)  # (m*k, G)
+                u_c = u[s:e].view(m * k, g_dim)
+                if grad_u is not None and cv is not None:
+                    torch.addcmul(grad_u[s:e].view(m * k, g_dim), u_c, cv, out=gu)
+                elif grad_u is not None:
+                    gu.copy_(grad_u[s:e].view(m * k, g_dim))
+                elif cv is not None:
+                    torch.mul(u_c, cv, out=gu)
+                else:
+                    gu.zero_()
+                if const is not None:
+                    gu.add_(const)
+                z = _relu_pre(ws, A, B, P, Wa.t(), ic, s, e)  # (m*k, C)
+                if gW1 is not None:
+                    gW1.addmm_(gu.t(), z)
+                if not need_gz:
+                    continue
+                gz = torch.mm(gu, W1, out=ws.get("gz", m * k, c))  # (m*k, C)
+                gz = relu_backward(gz, z, z)  # z is not needed any more
+                if gA is not None:
+                    gA.index_add_(0, ic.reshape(-1), gz)
+                if gB is not None:
+                    torch.sum(gz.view(m, k, c), 1, out=gB[s:e]).neg_()
+                Pc = P[s:e].reshape(m * k, d)  # (m*k, d)
+                if gWa_t is not None:
+                    gWa_t.addmm_(Pc.t(), gz)
+                if gP is not None:
+                    torch.mm(gz, Wa_t.t(), out=gP[s:e].view(m * k, d))
+            return gA, gWa_t, gW1
+
+        parts = run_chunks(job, chunk_ranges(n, ctx.chunk), A.device)
+        gA, gWa_t, gW1 = (_sum_parts([p[i] for p in parts]) for i in range(3))
+        gWa = gWa_t.t().contiguous() if gWa_t is not None else None
+        return None, None, None, gA, gB, gP, gWa, gW1
+
+
+def _values(
+    ws: Workspace, V: Tensor, P: Tensor, Wp_t: Tensor, ic: Tensor, s: int, e: int
+) -> Tensor:
+    """V[idx] + P Wp^T for one chunk, in a workspace buffer (n, k, C)."""
+    n, k = ic.shape
+    vals = gather_into(ws.get("vals", n * k, V.shape[1]), V, ic)  # (n*k, C)
+    vals.addmm_(P[s:e].reshape(n * k, -1), Wp_t)  # + W_p P_ij
+    return vals.view(n, k, -1)
+
+
+def _relu_affine(ws: Workspace, u: Tensor, s2: Tensor, t2: Tensor) -> Tensor:
+    """ReLU(s2 * u + t2) in a workspace buffer (m, k, G)."""
+    return torch.addcmul(t2, u, s2, out=ws.get("z", *u.shape)).relu_()
+
+
+class VectorStage2(torch.autograd.Function):
+    """Second half of the PTv1 weight MLP, softmax over neighbours and aggregation.
+
+    .. math::
+        w_{ij} = W_2\\,\\mathrm{ReLU}(s_2 \\odot u_{ij} + t_2) + b_2,\\quad
+        p_{ij} = \\mathrm{softmax}_j(w_{ij}),\\quad
+        y_i[c] = \\sum_j p_{ij}[c \\bmod G]\\,(V_{n(i,j)} + W_p P_{ij} + b_p)[c]
+
+    The softmax ``p`` (N, k, G) is kept for the backward pass (``keep_prob``; without it
+    no backward pass is possible, e.g. for inference); the gathered values plus position
+    encoding (n, k, C) are recomputed per chunk. ``b_p`` leaves the sum over neighbours
+    unchanged in weight (softmax sums to one) and is added once per point; ``b_2``
+    shifts all neighbours' logits equally, so the softmax ignores it (zero gradient).
+
+    Shapes:
+        idx: (N, k); u: (N, k, G); s2, t2: (G,); W2: (G, G); b2: (G,); V: (M, C);
+        P: (N, k, d); Wp: (C, d); bp: (C,) -> y: (N, C)
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        idx: Tensor,
+        chunk: int,
+        keep_prob: bool,
+        u: Tensor,
+        s2: Tensor,
+        t2: Tensor,
+        W2: Tensor,
+        b2: Tensor,
+        V: Tensor,
+        P: Tensor,
+        Wp: Tensor,
+        bp: Tensor,
+    ) -> Tensor:
+        n, k, g = u.shape
+        c = Wp.shape[0]
+        sh = c // g
+        y = V.new_empty((n, c))  # (N, C)
+        prob = torch.empty_like(u) if keep_prob else None  # (N, k, G)
+        Wp_t, W2_t = Wp.t(), W2.t()
+
+        def job(part: list[tuple[int, int]]) -> None:
+            ws = Workspace(V)
+            for s, e in part:
+                ic = idx[s:e]
+                m = e - s
+                z = _relu_affine(ws, u[s:e], s2, t2)  # (m, k, G)
+                w = torch.mm(z.view(m * k, g), W2_t, out=ws.get("w", m * k, g))
+                p = prob[s:e] if prob is not None else ws.get("p", m, k, g)
+                torch.ops.aten._softmax.out(w.view(m, k, g), 1, False, out=p)  # (m, k, G)
+                vals = _values(ws, V, P, Wp_t, ic, s, e)  # (m, k, C)
+                if sh == 1:
+                    vals.mul_(p)
+                else:
+                    vals.view(m, k, sh, g).mul_(p.unsqueeze(2))
+                torch.sum(vals, 1, out=y[s:e])  # (m, C)
+
+        run_chunks(job, chunk_ranges(n, chunk), V.device)
+        y += bp
+        ctx.chunk = chunk
+        ctx.save_for_backward(idx, u, s2, t2, W2, V, P, Wp, prob)  # prob may be None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        idx, u, s2, t2, W2, V, P, Wp, prob = ctx.saved_tensors
+        _, _, _, nu, ns2, nt2, nW2, nb2, nV, nP, nWp, nbp = ctx.needs_input_grad
+        if prob is None:
+            raise RuntimeError("VectorStage2 ran with keep_prob=False; no backward pass")
+        n, k, g = u.shape
+        c, d = Wp.shape
+        sh = c // g
+        grad_y = grad_y.contiguous()
+        gu = torch.empty_like(u) if nu else None
+        gP = torch.empty_like(P) if nP else None
+        gb2 = W2.new_zeros(W2.shape[0]) if nb2 else None  # the softmax is shift invariant
+        gbp = grad_y.sum(0) if nbp else None
+        Wp_t = Wp.t().contiguous()  # (d, C)
+        need_v = nV or nP or nWp
+        need_w = nu or ns2 or nt2 or nW2
+
+        def job(part: list[tuple[int, int]]) -> tuple[Tensor | None, ...]:
+            ws = Workspace(V)
+            gs2 = torch.zeros_like(s2) if ns2 else None
+            gt2 = torch.zeros_like(t2) if nt2 else None
+            gW2 = torch.zeros_like(W2) if nW2 else None
+            gV = torch.zeros_like(V) if nV else None
+            gWp_t = Wp.new_zeros((d, c)) if nWp else None  # (d, C)
+            for s, e in part:
+                ic = idx[s:e]
+                m = e - s
+                p = prob[s:e]  # (m, k, G)
+                gy = grad_y[s:e].unsqueeze(1)  # (m, 1, C)
+                if need_v:
+                    # gradient of the aggregated values v_j + W_p P_ij: p (broadcast) * dy
+                    gv = ws.get("gv", m, k, c)  # (m, k, C)
+                    if sh == 1:
+                        torch.mul(p, gy, out=gv)
+                    else:
+                        pg = p.unsqueeze(2)  # (m, k, 1, G)
+                        torch.mul(pg, gy.view(m, 1, sh, g), out=gv.view(m, k, sh, g))
+                    gv2 = gv.view(m * k, c)
+                    if gV is not None:
+                        gV.index_add_(0, ic.reshape(-1), gv2)
+                    Pc = P[s:e].reshape(m * k, d)  # (m*k, d)
+                    if gWp_t is not None:
+                        gWp_t.addmm_(Pc.t(), gv2)
+                    if gP is not None:
+                        torch.mm(gv2, Wp_t.t(), out=gP[s:e].view(m * k, d))
+                if not need_w:
+                    continue
+                vals = _values(ws, V, P, Wp.t(), ic, s, e)  # (m, k, C)
+                # gradient of p; the constant b_p * dy cancels in the softmax backward
+                if sh == 1:
+                    gp = vals.mul_(gy)  # (m, k, G)
+                else:
+                    gp = vals.view(m, k, sh, g).mul_(gy.view(m, 1, sh, g)).sum(2)
+                # softmax backward: gw = p * (gp - sum_j p gp)
+                pgp = torch.mul(p, gp, out=ws.get("pgp", m, k, g)).sum(1, keepdim=True)
+                gw = gp.sub_(pgp).mul_(p)  # (m, k, G)
+                gw2 = gw.view(m * k, g)
+                uc = u[s:e]
+                z = _relu_affine(ws, uc, s2, t2)  # (m, k, G)
+                if gW2 is not None:
+                    gW2.addmm_(gw2.t(), z.view(m * k, g))
+                gz = torch.mm(gw2, W2, out=ws.get("gz", m * k, g)).view(m, k, g)
+                gz = relu_backward(gz, z, z)  # (m, k, G); z is not needed any more
+                if gt2 is not None:
+                    gt2 += gz.view(m * k, g).sum(0)
+                if gs2 is not None:
+                    gs2 += torch.mul(gz, uc, out=ws.get("pgp", m, k, g)).view(m * k, g).sum(0)
+                if gu is not None:
+                    torch.mul(gz, s2, out=gu[s:e])
+            return gs2, gt2, gW2, gV, gWp_t
+
+        parts = run_chunks(job, chunk_ranges(n, ctx.chunk), V.device)
+        gs2, gt2, gW2, gV, gWp_t = (_sum_parts([p[i] for p in parts]) for i in range(5))
+        gWp = gWp_t.t().contiguous() if gWp_t is not None else None
+        return None, None, None, gu, gs2, gt2, gW2, gb2, gV, gP, gWp, gbp
