@@ -77,6 +77,7 @@ class TrainConfig(Section):
     max_steps_per_epoch: int | None = Field(None, ge=1)
     checkpoint_every_steps: int | None = Field(None, ge=1)
     progress: Literal["auto", "always", "never"] = "auto"
+    tensorboard: bool = False  # also log each epoch's metrics to <run>/tensorboard
 
 
 class EvaluationConfig(Section):

@@ -102,3 +102,18 @@ def test_version_and_info(capsys: pytest.CaptureFixture) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "models:" in out and "spectralformer" in out and "hsi_scene" in out
+
+
+def test_tensorboard_scalars_per_epoch(toy_config: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.tensorboard=true"]) == 0
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) >= {"train/loss", "val/oa", "lr"}
+    oa = [e.value for e in events.Scalars("val/oa")]
+    rows = _rows(run)
+    assert [e.step for e in events.Scalars("val/oa")] == [1, 2, 3]
+    assert oa == pytest.approx([float(r["val_oa"]) for r in rows], abs=1e-6)

@@ -206,6 +206,24 @@ class Trainer:
         self.dist.barrier()
 
     # ------------------------------------------------------------------ files
+    def _open_tensorboard(self) -> Any:
+        """A SummaryWriter under ``<run>/tensorboard`` when ``train.tensorboard`` is on (rank 0)."""
+        if not (self.cfg.train.tensorboard and self.dist.is_main):
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise SciformerError("train.tensorboard: the tensorboard package is not installed; pip install 'sciformer[tensorboard]' or set train.tensorboard=false") from None
+        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def _log_scalars(self, writer: Any, row: dict[str, Any]) -> None:
+        if writer is None:
+            return
+        for key, value in row.items():
+            if key not in ("epoch", "step") and value is not None:
+                writer.add_scalar(key.replace("_", "/", 1), value, row["epoch"])
+        writer.flush()
+
     def _write_metrics_csv(self) -> None:
         if not self.dist.is_main:
             return
@@ -243,13 +261,23 @@ class Trainer:
         return iter(progress(loader, total=len(loader), desc=f"epoch {self.epoch + 1}/{t.epochs}", mode=t.progress))
 
     def fit(self) -> RunResult:
-        t = self.cfg.train
+        """Train (or continue) to ``train.epochs``, then evaluate best.pt on the test split."""
         self._prepare_run_dir()
         self.log(f"run folder: {self.run_dir}")
         for key, value in self.task.describe().items():
             self.log(f"  {key}: {value}")
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"model {self.cfg.model.name}: {n_params:,} parameters on {self.device}")
+        writer = self._open_tensorboard()
+        try:
+            self._train_epochs(writer)
+        finally:
+            if writer is not None:
+                writer.close()
+        return self._final_evaluation()
+
+    def _train_epochs(self, writer: Any) -> None:
+        t = self.cfg.train
         with _StopFlag() as stop:
             while self.epoch < t.epochs:
                 if self.step_in_epoch == 0:
@@ -281,12 +309,12 @@ class Trainer:
                 row["epoch_time_s"] = round(time.perf_counter() - start, 3)
                 self.history.append(row)
                 self._write_metrics_csv()
+                self._log_scalars(writer, row)
                 self._save("last.pt")
                 self.log(_epoch_line(row, t.epochs))
                 if stop_early:
                     self.log(f"early stop: no validation improvement for {t.early_stop_patience} validations")
                     break
-        return self._final_evaluation()
 
     def _run_epoch(self, batches: Iterator[dict[str, Any]], stop: _StopFlag) -> tuple[float, int]:
         """Train over ``batches``; returns the epoch's loss sum and count (resumed part included)."""
