@@ -58,8 +58,6 @@ def test_real_modelnet_off_meshes(fakes) -> None:
 def test_sample_mesh_surface_area_weighted(fakes, one_line_error) -> None:
     # A box stretched 3x along x: faces normal to y and z have 3x the area of faces normal to x.
     vertices = fakes.cube_vertices * np.array([3.0, 1.0, 1.0])
-    from sciformer.data.pointcloud._fields import triangulate
-
     faces = triangulate("cube", fakes.cube_quads)
     pts, nrm = sample_mesh_surface(vertices, faces, 20000, seed=1, return_normals=True)
     # every point on the surface: some coordinate at its min or max
