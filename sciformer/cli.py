@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file or run folder")
     evaluate.add_argument("--output-dir", "-o", type=Path, help="where to write metrics (default <run>/evaluation)")
     evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
+    evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
     _add_overrides(evaluate)
 
     predict = sub.add_parser("predict", help="predict a new input file with a trained checkpoint")
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--output", required=True, type=Path, help="output file; its suffix picks the format")
     predict.add_argument("--batch-size", type=int, help="inference batch size (default: evaluation.batch_size)")
     predict.add_argument("--device", help="cpu, cuda, cuda:N (default: the run's train.device)")
+    predict.add_argument("--overlap", type=float, default=0.25, help="point scenes: context points per core point of a chunk (default 0.25)")
+    predict.add_argument("--tta-rotations", type=int, default=1, metavar="N", help="point scenes: average N turns about z (default 1)")
+    predict.add_argument("--tta-flip", action="store_true", help="point scenes: also average mirrored views")
+    predict.add_argument("--votes", type=int, default=1, metavar="V", help="shape classification: average V augmented copies (default 1)")
 
     sub.add_parser("info", help="versions, devices, optional backends, registered models and datasets")
     return parser
@@ -140,6 +145,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     overrides = list(args.overrides) + ([f"evaluation.split={args.split}"] if args.split else [])
+    overrides += [f"evaluation.votes={args.votes}"] if args.votes is not None else []
     with torch.no_grad():
         return _evaluate(args, overrides)
 
@@ -171,9 +177,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from sciformer.data.base import PredictOptions
     from sciformer.engine.loops import autocast, to_device
     from sciformer.registry import DATASETS
 
+    options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes)
     exp, state, model, device = _load_for_inference(args.checkpoint, [], args.device)
     entry = DATASETS.get(exp.cfg.data.name, key="data.name")
     if entry.predictor is None:
@@ -189,7 +197,7 @@ def _predict(args: argparse.Namespace) -> int:
             return model(to_device(batch, device)).float()
 
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
-    written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, args.input, args.output, batch_size)
+    written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, args.input, args.output, batch_size, options=options)
     print(f"wrote {written or args.output}")
     return 0
 

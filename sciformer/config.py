@@ -81,8 +81,9 @@ class TrainConfig(Section):
 
 
 class EvaluationConfig(Section):
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1)  # samples per batch (each brings ``votes`` copies)
     split: Literal["test", "val"] = "test"
+    votes: int = Field(1, ge=1, le=100)  # test-time voting in the final evaluation (classification datasets)
 
 
 class ExportConfig(Section):

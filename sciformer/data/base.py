@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from sciformer.errors import ConfigError, SciformerError
+
 Batch = dict[str, Any]
 PredictFn = Callable[[Batch], torch.Tensor]  # batch dict -> logits (n, num_classes)
 
@@ -71,6 +73,36 @@ class BuildContext:
         return p if p.is_absolute() else (self.base_dir / p)
 
 
+@dataclass(frozen=True)
+class PredictOptions:
+    """How a dataset's ``predictor`` treats a new file (``sciformer predict`` flags).
+
+    A predictor accepts the options that apply to its task and refuses the others
+    with :meth:`require_defaults`, so a flag is never silently ignored.
+    """
+
+    overlap: float = 0.25  # point scenes: context points per core point of a chunk (--overlap)
+    rotations: int = 1  # point scenes: test-time turns about z, the first unturned (--tta-rotations)
+    flip: bool = False  # point scenes: each view also mirrored in x (--tta-flip)
+    votes: int = 1  # shape classification: augmented copies averaged (--votes)
+
+    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes"}
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap <= 4.0:
+            raise SciformerError(f"--overlap must be between 0 and 4 (context points per core point), got {self.overlap}")
+        for name in ("rotations", "votes"):
+            if not 1 <= getattr(self, name) <= 100:
+                raise SciformerError(f"{self.FLAGS[name]} must be between 1 and 100, got {getattr(self, name)}")
+
+    def require_defaults(self, dataset: str, *names: str) -> None:
+        """Refuse options ``names`` when set: they do not apply to ``dataset``'s predictions."""
+        default = PredictOptions()
+        for name in names:
+            if getattr(self, name) != getattr(default, name):
+                raise SciformerError(f"{self.FLAGS[name]} does not apply to '{dataset}' predictions")
+
+
 @dataclass
 class DataInfo:
     """What a model builder needs to know about the data."""
@@ -99,6 +131,17 @@ class TaskData(ABC):
     @abstractmethod
     def collate(self, items: list[Any]) -> Batch:
         """Stack items into a batch dict with ``target`` (int64)."""
+
+    def voting_dataset(self, split: str, votes: int) -> Dataset:
+        """``split`` for test-time voting: item i is a list of ``votes`` augmented copies.
+
+        :meth:`collate` of such items returns one batch of ``len(items) * votes``
+        samples (copies of an item adjacent) with ``batch["votes"] = votes``; the
+        evaluation averages the class probabilities of the copies. Only tasks with one
+        prediction per sample (shape classification) support it.
+        """
+        raise ConfigError(f"evaluation.votes={votes}: this dataset does not support test-time voting "
+                          "(it needs one prediction per sample, as in shape classification); use evaluation.votes=1")
 
     def describe(self) -> dict[str, Any]:
         """Protocol facts printed with results and stored in ``metrics.json``."""

@@ -89,6 +89,24 @@ def train_steps(
     return loss_sum, count
 
 
+def merge_votes(logits: torch.Tensor, target: torch.Tensor, votes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Average the class probabilities of ``votes`` adjacent copies of each sample.
+
+    Returns log mean probabilities, usable as logits by argmax and cross-entropy,
+    and one target per sample (the copies must agree).
+
+    Shapes: logits (n * V, C), target (n * V,) -> (n, C), (n,).
+    """
+    if logits.shape[0] % votes or target.shape[0] != logits.shape[0]:
+        raise ValueError(f"voting batch: {logits.shape[0]} predictions and {target.shape[0]} targets "
+                         f"are not whole groups of {votes} copies (voting needs one prediction per sample)")
+    grouped = target.view(-1, votes)  # (n, V)
+    if not bool((grouped == grouped[:, :1]).all()):
+        raise ValueError("voting batch: copies of one sample carry different targets")
+    probs = torch.softmax(logits, dim=1).view(-1, votes, logits.shape[1]).mean(dim=1)  # (n, C)
+    return probs.clamp_min(1e-12).log(), grouped[:, 0]
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -102,16 +120,21 @@ def evaluate(
 ) -> tuple[ConfusionMatrix, float, int]:
     """Confusion matrix, summed loss and labelled count of ``model`` over ``batches``.
 
-    Sums (rather than means) so results of several processes add up exactly.
+    Sums (rather than means) so results of several processes add up exactly. A
+    batch with ``votes = V`` holds V adjacent copies of each sample: their class
+    probabilities are averaged and scored once per sample.
     """
     model.eval()
     confusion = ConfusionMatrix(num_classes, ignore_index)
     loss_sum, count = 0.0, 0
     for batch in batches:
         batch = to_device(batch, device)
-        target = batch["target"].reshape(-1)  # (n,)
+        target = batch["target"].reshape(-1)  # (n,) or (n * V,)
         with autocast(device, amp):
-            logits = model(batch).float()  # (n, C)
+            logits = model(batch).float()  # (n, C) or (n * V, C)
+        votes = int(batch.get("votes", 1))
+        if votes > 1:
+            logits, target = merge_votes(logits, target, votes)  # (n, C) log-probabilities, (n,)
         confusion.update(logits.argmax(dim=1), target)
         if loss_fn is not None:
             n = int((target != ignore_index).sum())

@@ -62,9 +62,12 @@ class RunResult:
     best_epoch: int
 
 
-def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None, dist: DistContext = DistContext()) -> DataLoader:
-    """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch."""
-    dataset = task.dataset(split)
+def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None, dist: DistContext = DistContext(), votes: int = 1) -> DataLoader:
+    """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch.
+
+    ``votes > 1`` loads the task's voting view of ``split`` (evaluation only).
+    """
+    dataset = task.dataset(split) if votes == 1 else task.voting_dataset(split, votes)
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
     sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
@@ -141,6 +144,8 @@ class Trainer:
         seed_everything(t.seed)
         self.task = builders.build_task(exp)
         self.info = self.task.info
+        if self.cfg.evaluation.votes > 1:  # fail now, not after training
+            self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
         self.model = builders.build_model(exp, self.info).to(self.device)
         self.net: nn.Module = self.model  # what the training loop calls (DDP-wrapped when distributed)
         if self.dist.enabled:
@@ -368,17 +373,18 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
     cfg = exp.cfg
     split = cfg.evaluation.split
-    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist)
+    votes = cfg.evaluation.votes
+    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist, votes=votes)
     start = time.perf_counter()
     confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),
                                           num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp)
     scores, _ = reduce_evaluation(confusion, loss_sum, count, dist)
     payload: dict[str, Any] = {}
     if dist.is_main:
-        facts = {"protocol": task.describe(), "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
+        facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
         facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split) or {})
         payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
-        log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name})"))
+        log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
     dist.barrier()
     return payload
 

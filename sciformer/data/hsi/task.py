@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sciformer.data.base import Batch, BuildContext, DataInfo, PredictFn, TaskData
+from sciformer.data.base import Batch, BuildContext, DataInfo, PredictFn, PredictOptions, TaskData
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.normalize import Normalizer
@@ -459,6 +459,8 @@ def predict_hsi_file(
     input_path: Path,
     output_path: Path,
     batch_size: int,
+    *,
+    options: PredictOptions | None = None,
 ) -> Path:
     """Predict every pixel of a cube file with a trained model; write the map.
 
@@ -467,6 +469,7 @@ def predict_hsi_file(
     the file has one; plus a ``.npy`` sibling) or ``.hdr``/``.img`` (ENVI classification
     file; plus a ``.npy`` sibling).
     """
+    (options or PredictOptions()).require_defaults("hsi_scene", "overlap", "rotations", "flip", "votes")
     input_path, output_path = Path(input_path), Path(output_path)
     suffix = output_path.suffix.lower()
     if suffix not in _PRED_SUFFIXES:

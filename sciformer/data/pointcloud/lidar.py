@@ -40,14 +40,13 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
 from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.sample import check_features, collate_points, feature_channels
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
     check_eval_transform_specs,
-    PREDICT_OVERLAP,
     predict_scene,
     SceneEvalDataset,
     SceneSegmentationTask,
@@ -255,13 +254,21 @@ def predict_las_file(
     input_path: Path,
     output_path: Path,
     batch_size: int,
+    *,
+    options: PredictOptions | None = None,
 ) -> Path:
     """Classify every point of a tile (.las/.laz or another point file) with a trained model.
 
     Uses the checkpoint's class table, features, intensity scale and grid size.
     Output by suffix: ``.npy`` (n,) int64 labels, or ``.ply`` (x, y, z in double,
     colour, ``pred``, ``label`` when the tile is classified) plus a ``.npy`` sibling.
+    ``options`` sets the chunk overlap (context points per core point) and the
+    test-time views (turns about z, mirrored copies) whose softmax is summed per point.
     """
+    from sciformer.pointcloud.predict import tta_views  # the model side imports this module
+
+    options = options or PredictOptions()
+    options.require_defaults("las_tiles", "votes")
     input_path = Path(input_path)
     classes = state_value(state, "classes", "las_tiles")
     features = list(state_value(state, "features", "las_tiles"))
@@ -282,7 +289,7 @@ def predict_las_file(
         part_z="min", transform=None, features=features, seed=0,
     )
     pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(classes),
-                         overlap=PREDICT_OVERLAP)
+                         overlap=options.overlap, views=tta_views(options.rotations, options.flip))
     return write_point_predictions(output_path, sample, pred)
 
 

@@ -25,7 +25,10 @@ Each shape keeps its first ``num_points`` points (h5 and text files store points
 in random order); meshes are sampled once (area-weighted, seeded) and scaled to
 the unit sphere. Text and mesh layouts are converted once into ``ctx.cache_dir``
 (never beside the raw data). Validation is a stratified, seeded fraction of the
-training shapes; the test split is never used to choose anything.
+training shapes; the test split is never used to choose anything. With
+``evaluation.votes: V`` the final evaluation averages the class probabilities of
+V copies of each shape drawn through ``vote_transforms`` (default: the training
+transforms), as PointNet++ and Point Transformer do for their reported figures.
 
 Samples: coord (num_points, 3), feat from ``features`` (``coord``, ``normal``),
 label () int64.
@@ -41,7 +44,7 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
 from sciformer.data.pointcloud.io import atomic_write_bytes, read_off, read_point_file, sample_mesh_surface
 from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.sample import (
@@ -93,6 +96,20 @@ class ModelNetConfig(BaseModel):
     sample_seed: int = 0  # mesh surface sampling (layout off)
     train_transforms: TransformList = None  # None: DEFAULT_TRAIN_TRANSFORMS; []: none
     eval_transforms: TransformList = None  # None: none
+    vote_transforms: TransformList = None  # test-time voting (evaluation.votes > 1); None: the training transforms
+
+
+def train_transforms(cfg: ModelNetConfig) -> Compose:
+    """The training augmentation (``data.train_transforms``, default :data:`DEFAULT_TRAIN_TRANSFORMS`)."""
+    specs = DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms
+    return build_transforms(specs, "data.train_transforms")
+
+
+def vote_transforms(cfg: ModelNetConfig) -> Compose:
+    """What each test-time vote draws through (``data.vote_transforms``, default the training ones)."""
+    if cfg.vote_transforms is None:
+        return train_transforms(cfg)
+    return build_transforms(cfg.vote_transforms, "data.vote_transforms")
 
 
 def detect_layout(root: Path) -> str:
@@ -295,13 +312,18 @@ def predict_modelnet_file(
     input_path: Path,
     output_path: Path,
     batch_size: int,
+    *,
+    options: PredictOptions | None = None,
 ) -> Path:
     """Classify one shape file (.off/.ply mesh: surface-sampled; point files: first points).
 
-    The shape is brought to the unit sphere as in training. Output by suffix:
-    ``.json`` (class name, index and per-class probabilities) or ``.npy``
-    (probabilities (num_classes,) float32).
+    The shape is brought to the unit sphere as in training. ``options.votes > 1``
+    averages the probabilities of that many copies drawn through the vote transforms
+    (seeded, so repeatable). Output by suffix: ``.json`` (class name, index and
+    per-class probabilities) or ``.npy`` (probabilities (num_classes,) float32).
     """
+    options = options or PredictOptions()
+    options.require_defaults("modelnet", "overlap", "rotations", "flip")
     input_path, output_path = Path(input_path), Path(output_path)
     suffix = output_path.suffix.lower()
     if suffix not in (".json", ".npy"):
@@ -318,13 +340,22 @@ def predict_modelnet_file(
     if "normal" in features and "normal" not in sample:
         raise DataError(f"{input_path}: the model uses normals but the file has none")
     sample = NormalizeScale()(sample)
-    sample = build_transforms(cfg.eval_transforms, "data.eval_transforms")(sample, np.random.default_rng(0))
-    batch = collate_points([assemble_features(sample, features, str(input_path))])
-    with torch.no_grad():
-        logits = predict(batch).detach().float().cpu()  # (1, C)
-    if logits.shape != (1, len(class_names)):
-        raise DataError(f"predict returned logits of shape {tuple(logits.shape)}, expected (1, {len(class_names)})")
-    prob = torch.softmax(logits[0], dim=0).numpy()  # (C,)
+    if options.votes == 1:
+        transform = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+    else:
+        transform = vote_transforms(cfg)
+    items = [assemble_features(transform(dict(sample), np.random.default_rng([0, v])), features, str(input_path))
+             for v in range(options.votes)]
+    prob = np.zeros(len(class_names), dtype=np.float64)  # (C,)
+    for start in range(0, len(items), max(1, batch_size)):
+        batch = collate_points(items[start : start + max(1, batch_size)])
+        with torch.no_grad():
+            logits = predict(batch).detach().float().cpu()  # (b, C)
+        if logits.shape != (len(batch["offset"]), len(class_names)):
+            raise DataError(f"predict returned logits of shape {tuple(logits.shape)}, "
+                            f"expected ({len(batch['offset'])}, {len(class_names)})")
+        prob += torch.softmax(logits, dim=1).sum(dim=0).double().numpy()
+    prob = (prob / options.votes).astype(np.float32)  # (C,)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".npy":
         np.save(output_path, prob.astype(np.float32))
@@ -354,9 +385,9 @@ def build_modelnet(cfg: ModelNetConfig, ctx: BuildContext) -> PointTask:
     if available < cfg.num_points:
         raise DataError(f"{root}: shapes have {available} points, fewer than num_points={cfg.num_points}")
     train_idx, val_idx = stratified_holdout(splits["train"]["labels"], cfg.val_fraction, cfg.split_seed)
-    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
-                                "data.train_transforms")
+    train_tf = train_transforms(cfg)
     eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+    vote_tf = vote_transforms(cfg)
     normals = {s: (splits[s]["normals"] if want_normals else None) for s in splits}
 
     def make(split: str, index: np.ndarray, train: bool) -> Any:
@@ -384,6 +415,7 @@ def build_modelnet(cfg: ModelNetConfig, ctx: BuildContext) -> PointTask:
         "test": "official test split (never used for model selection)",
         "train_transforms": repr(train_tf),
         "eval_transforms": repr(eval_tf),
+        "vote_transforms": repr(vote_tf),
     }
     state = {"num_points": cfg.num_points, "features": list(cfg.features), "layout": layout}
     return PointTask(
@@ -391,4 +423,5 @@ def build_modelnet(cfg: ModelNetConfig, ctx: BuildContext) -> PointTask:
         {"train": make("train", train_idx, True), "val": make("val", val_idx, False), "test": make("test", test_idx, False)},
         protocol=protocol,
         state=state,
+        vote_transform=vote_tf,
     )

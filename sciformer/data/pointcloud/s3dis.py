@@ -38,14 +38,13 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
 from sciformer.data.pointcloud.io import parse_text_table, read_point_file
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.sample import check_features, collate_points, feature_channels
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
     check_eval_transform_specs,
-    PREDICT_OVERLAP,
     predict_scene,
     SceneEvalDataset,
     SceneSegmentationTask,
@@ -287,13 +286,21 @@ def predict_s3dis_file(
     input_path: Path,
     output_path: Path,
     batch_size: int,
+    *,
+    options: PredictOptions | None = None,
 ) -> Path:
     """Segment every point of a room file (e.g. ``<room>.txt`` lines 'x y z r g b', .ply, .npy).
 
     Uses the checkpoint's features and grid size; z is measured from the room's
     lowest point as in training. Output by suffix: ``.npy`` (n,) int64 class ids, or
     ``.ply`` (x, y, z, colour, ``pred``, ``label`` when the file has one) plus ``.npy``.
+    ``options`` sets the chunk overlap (context points per core point) and the
+    test-time views (turns about z, mirrored copies) whose softmax is summed per point.
     """
+    from sciformer.pointcloud.predict import tta_views  # the model side imports this module
+
+    options = options or PredictOptions()
+    options.require_defaults("s3dis", "votes")
     input_path = Path(input_path)
     features = list(state_value(state, "features", "s3dis"))
     class_names = list(state_value(state, "class_names", "s3dis"))
@@ -310,7 +317,7 @@ def predict_s3dis_file(
         part_z="keep", transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), features=features, seed=0,
     )
     pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(class_names),
-                         overlap=PREDICT_OVERLAP)
+                         overlap=options.overlap, views=tta_views(options.rotations, options.flip))
     out: Sample = {"coord": coord, "colour": data.get("colour")}
     if "label" in data:
         out["label"] = data["label"]

@@ -346,7 +346,6 @@ class ArrayScene(SceneSource):
 
 
 PREDICTION_SUFFIXES = (".npy", ".ply")
-PREDICT_OVERLAP = 0.25  # context points per core point when a file predictor splits a scene
 
 
 def write_point_predictions(output_path: Path, sample: Sample, pred: np.ndarray) -> Path:

@@ -135,6 +135,38 @@ class PointDataset(Dataset):
         return assemble_features(sample, self.features, self.describe_item(index))
 
 
+class VotingDataset(Dataset):
+    """Test-time voting view of a :class:`PointDataset`: item i is ``votes`` augmented copies.
+
+    Copy v of item i is ``load(i)`` passed through ``transform`` with a generator
+    seeded by (seed, i, v), so votes are reproducible whatever the workers.
+    """
+
+    def __init__(self, dataset: PointDataset, transform: Compose, votes: int) -> None:
+        if votes < 1:
+            raise ValueError(f"votes must be at least 1, got {votes}")
+        self.dataset = dataset
+        self.transform = transform
+        self.votes = int(votes)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> list[Sample]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} items")
+        where = self.dataset.describe_item(index)
+        copies = []
+        for vote in range(self.votes):
+            rng = np.random.default_rng([self.dataset.seed, index, vote, _VOTE_STREAM])
+            sample = self.transform(self.dataset.load(index, rng), rng)
+            copies.append(assemble_features(sample, self.dataset.features, where))
+        return copies
+
+
+_VOTE_STREAM = 0x766F7465  # keeps vote draws apart from the single-pass evaluation draws
+
+
 class PointTask(TaskData):
     """A point-cloud TaskData: lazily built split datasets and packed collation."""
 
@@ -145,8 +177,10 @@ class PointTask(TaskData):
         *,
         protocol: dict[str, Any] | None = None,
         state: dict[str, Any] | None = None,
+        vote_transform: Compose | None = None,
     ) -> None:
         self.info = info
+        self._vote_transform = vote_transform  # classification tasks only (one prediction per sample)
         self._factories = factories
         self._datasets: dict[str, Dataset] = {}
         self._protocol = dict(protocol or {})
@@ -159,7 +193,22 @@ class PointTask(TaskData):
             self._datasets[split] = self._factories[split]()
         return self._datasets[split]
 
+    def voting_dataset(self, split: str, votes: int) -> Dataset:
+        if self._vote_transform is None:
+            return super().voting_dataset(split, votes)
+        dataset = self.dataset(split)
+        if not isinstance(dataset, PointDataset):  # pragma: no cover - factories build PointDatasets
+            raise DataError(f"split '{split}' is not a point dataset; cannot vote")
+        return VotingDataset(dataset, self._vote_transform, votes)
+
     def collate(self, items: list[Any]) -> Batch:
+        if items and isinstance(items[0], list):  # voting: copies of each item stay adjacent
+            votes = len(items[0])
+            if any(len(copies) != votes for copies in items):
+                raise DataError("collate: voting items hold different numbers of copies")
+            batch = collate_points([copy for copies in items for copy in copies])
+            batch["votes"] = votes
+            return batch
         return collate_points(items)
 
     def describe(self) -> dict[str, Any]:

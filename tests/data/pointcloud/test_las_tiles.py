@@ -165,3 +165,38 @@ def test_state_is_weights_only_safe(root: Path, ctx: BuildContext, tmp_path: Pat
     assert loaded["data"]["classes"] == {"ground": [2], "vegetation": [3, 4, 5], "building": [6], "other": []}
     assert loaded["data"]["class_names"] == ["ground", "vegetation", "building", "other"]
     assert loaded["describe"]["sizes"] == {"train": 16, "val": 1, "test": 1}
+
+
+def test_predictor_options_views_and_overlap(root: Path, ctx: BuildContext, tmp_path: Path) -> None:
+    from sciformer.data.base import PredictOptions
+    from sciformer.data.pointcloud.lidar import predict_las_file
+    from sciformer.errors import SciformerError
+
+    cfg = LasTilesConfig(root=str(root), eval_max_points=300, **SPLITS)
+    state = build_las_tiles(cfg, ctx).state()
+    seen: list[int] = []
+
+    def counting_oracle(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        seen.append(int(batch["offset"][-1]))
+        return oracle(batch)
+
+    plain = np.load(predict_las_file(cfg, state, counting_oracle, root / "c.las", tmp_path / "plain.npy", batch_size=64))
+    points_plain = sum(seen)
+    seen.clear()
+    options = PredictOptions(overlap=0.5, rotations=2, flip=True)
+    voted = np.load(predict_las_file(cfg, state, counting_oracle, root / "c.las", tmp_path / "tta.npy", batch_size=64,
+                                     options=options))
+    np.testing.assert_array_equal(voted, plain)  # every view of the oracle agrees
+    assert sum(seen) >= 4 * points_plain  # 4 views (2 turns x mirrored), each chunk with context
+    with pytest.raises(SciformerError, match="--votes does not apply to 'las_tiles' predictions"):
+        predict_las_file(cfg, state, oracle, root / "c.las", tmp_path / "v.npy", batch_size=2, options=PredictOptions(votes=3))
+
+
+def test_predict_options_are_validated() -> None:
+    from sciformer.data.base import PredictOptions
+    from sciformer.errors import SciformerError
+
+    with pytest.raises(SciformerError, match="--overlap must be between 0 and 4"):
+        PredictOptions(overlap=-0.1)
+    with pytest.raises(SciformerError, match="--tta-rotations must be between 1 and 100"):
+        PredictOptions(rotations=0)

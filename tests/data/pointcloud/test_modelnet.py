@@ -184,3 +184,40 @@ def test_predictor_classifies_a_mesh(tmp_path: Path, fakes, ctx: BuildContext) -
     assert sum(report["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
     probs = np.load(predict_modelnet_file(cfg, state, bed, tmp_path / "cube.off", tmp_path / "p.npy", batch_size=1))
     assert probs.shape == (3,) and probs.argmax() == 1
+
+
+def test_predictor_votes_average_augmented_copies(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    import json
+
+    import torch
+
+    from sciformer.data.base import PredictOptions
+    from sciformer.data.pointcloud.modelnet import predict_modelnet_file
+    from sciformer.errors import SciformerError
+
+    root = fakes.modelnet_h5(tmp_path / "mn", CLASSES)
+    cfg = ModelNetConfig(root=str(root), num_points=48, vote_transforms=[{"name": "random_sample", "n": 20},
+                                                                       {"name": "random_scale", "scale": [0.5, 2.0]}])
+    state = build_modelnet(cfg, ctx).state()
+    (tmp_path / "cube.off").write_text(fakes.off_text(fakes.cube_vertices, fakes.cube_quads, quirk=True))
+    batches: list[torch.Tensor] = []
+
+    def by_extent(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        batches.append(batch["offset"].clone())
+        ends = batch["offset"].tolist()
+        extent = torch.stack([batch["coord"][s:e].abs().max() for s, e in zip([0] + ends[:-1], ends, strict=True)])  # (b,)
+        return torch.stack([extent, -extent, torch.zeros_like(extent)], dim=1)  # (b, 3) logits vary per copy
+
+    out = predict_modelnet_file(cfg, state, by_extent, tmp_path / "cube.off", tmp_path / "v.json", batch_size=3,
+                                options=PredictOptions(votes=5))
+    assert [b.tolist() for b in batches] == [[20, 40, 60], [20, 40]]  # 5 copies of 20 points, in batches of 3
+    report = json.loads(out.read_text())
+    assert sum(report["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    again = json.loads(predict_modelnet_file(cfg, state, by_extent, tmp_path / "cube.off", tmp_path / "w.json", batch_size=5,
+                                             options=PredictOptions(votes=5)).read_text())
+    assert again["probabilities"] == report["probabilities"]  # seeded copies, whatever the batch size
+    single = json.loads(predict_modelnet_file(cfg, state, by_extent, tmp_path / "cube.off", tmp_path / "s.json", batch_size=5).read_text())
+    assert single["probabilities"] != report["probabilities"]
+    with pytest.raises(SciformerError, match="--tta-rotations does not apply to 'modelnet' predictions"):
+        predict_modelnet_file(cfg, state, by_extent, tmp_path / "cube.off", tmp_path / "x.json", batch_size=1,
+                              options=PredictOptions(rotations=4))
