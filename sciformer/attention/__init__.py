@@ -19,6 +19,7 @@ from sciformer.attention.transformer import CrossLayerFusion, TransformerBlock, 
 
 # --- neighbourhood (point) form ------------------------------------------------------
 from sciformer.attention.neighborhood import PointTransformerBlock, PointTransformerLayer, check_neighbor_index
+from sciformer.attention.grouped import GroupedVectorAttention
 
 __all__ = [
     # blocks
@@ -42,6 +43,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerEncoder",
     # neighbourhood form
+    "GroupedVectorAttention",
     "PointTransformerBlock",
     "PointTransformerLayer",
     "check_neighbor_index",

@@ -399,25 +399,38 @@ class PointTransformerBlock(nn.Module):
         y = \mathrm{ReLU}(x + \mathrm{DropPath}(\mathrm{N}_3(W_3 h)))
 
     with bias-free linears and BatchNorm (or LayerNorm) N_1..N_3. Names follow PTv1
-    (``linear1, bn1, transformer2, bn2, linear3, bn3``). ``layer_kwargs`` go to the layer
-    (``share_planes``, ``mode``, ``memory_efficient``, ...). The neighbour index is
-    computed outside, once per stage, and shared by the stage's blocks.
+    (``linear1, bn1, transformer2, bn2, linear3, bn3``). ``attention="ptv1"`` makes PTL a
+    :class:`PointTransformerLayer` (``layer_kwargs``: ``share_planes``, ``mode``,
+    ``memory_efficient``, ...); ``"ptv2"`` a
+    :class:`~sciformer.attention.grouped.GroupedVectorAttention` with
+    ``channels / share_planes`` groups (``layer_kwargs``: ``share_planes``,
+    ``pe_multiplier``, ``pe_bias``, ``attn_drop``, ``chunk_size``), the PTv2 block. The
+    neighbour index is computed outside, once per stage, and shared by the stage's blocks.
 
     Shapes:
         x: (N, channels); pos: (N, 3); idx: (N, k) -> (N, channels)
     """
 
     def __init__(
-        self, channels: int, *, norm: str = "batch", drop_path: float = 0.0, **layer_kwargs: object
+        self, channels: int, *, norm: str = "batch", drop_path: float = 0.0, attention: str = "ptv1", **layer_kwargs: object
     ) -> None:
         super().__init__()
         if norm not in _NORMS:
             raise ConfigError(f"norm must be one of {_NORMS}, got {norm!r}")
         self.linear1 = nn.Linear(channels, channels, bias=False)
         self.bn1 = _norm(norm, channels)
-        self.transformer2 = PointTransformerLayer(
-            channels, channels, norm=norm, **layer_kwargs  # type: ignore[arg-type]
-        )
+        self.transformer2: nn.Module
+        if attention == "ptv1":
+            self.transformer2 = PointTransformerLayer(channels, channels, norm=norm, **layer_kwargs)  # type: ignore[arg-type]
+        elif attention == "ptv2":
+            from sciformer.attention.grouped import GroupedVectorAttention
+
+            share_planes = int(layer_kwargs.pop("share_planes", 8))  # type: ignore[call-overload]
+            if share_planes < 1 or channels % share_planes:
+                raise ConfigError(f"share_planes must be a positive divisor of channels={channels}, got {share_planes}")
+            self.transformer2 = GroupedVectorAttention(channels, channels // share_planes, norm=norm, **layer_kwargs)  # type: ignore[arg-type]
+        else:
+            raise ConfigError(f"attention must be 'ptv1' or 'ptv2', got {attention!r}")
         self.bn2 = _norm(norm, channels)
         self.linear3 = nn.Linear(channels, channels, bias=False)
         self.bn3 = _norm(norm, channels)

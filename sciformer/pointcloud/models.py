@@ -13,7 +13,11 @@ An encoder stage is a :class:`~sciformer.pointcloud.layers.TransitionDown` (FPS 
 1/stride of each cloud and kNN max-pooling, or Linear-BN-ReLU for stride 1) followed by
 ``blocks`` :class:`~sciformer.attention.neighborhood.PointTransformerBlock` sharing one
 kNN index (k neighbours, self included); ``downsample: grid`` replaces FPS by PTv2-style
-voxel pooling (``grid_sizes``, one per stage with stride > 1). Defaults are the paper's
+voxel pooling (``grid_sizes``, one per stage with stride > 1), and ``attention: ptv2``
+replaces the v1 vector attention by PTv2's grouped vector attention
+(:class:`~sciformer.attention.grouped.GroupedVectorAttention`, ``channels / share_planes``
+groups, optional ``pe_multiplier`` and ``attn_drop``); together they give a PTv2-style
+network. Defaults are the paper's
 segmentation network:
 channels 32/64/128/256/512, blocks 1/2/3/5/2, strides 1/4/4/4/4, k 16, share_planes 8.
 Input features are ``feat`` with the coordinates appended (``use_coord_as_feature``).
@@ -69,11 +73,23 @@ class PointTransformerConfig(BaseModel):
     chunk_size: int | None = Field(None, ge=1)  # points per attention chunk; None: automatic
     downsample: Literal["fps", "grid"] = "fps"  # stages with stride > 1: FPS + kNN max (PTv1) or voxel pooling (PTv2)
     grid_sizes: list[float] | None = None  # downsample grid: voxel edge of each stage with stride > 1
+    attention: Literal["ptv1", "ptv2"] = "ptv1"  # vector attention (PTv1) or grouped vector attention (PTv2)
+    pe_multiplier: bool = False  # ptv2: relative position also multiplies the query-key relation
+    attn_drop: float = Field(0.0, ge=0.0, lt=1.0)  # ptv2: dropout on attention weights
+
+    def block_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of every :class:`PointTransformerBlock` of the network."""
+        if self.attention == "ptv2":
+            return {"attention": "ptv2", "share_planes": self.share_planes, "pe_multiplier": self.pe_multiplier,
+                    "attn_drop": self.attn_drop, "chunk_size": self.chunk_size}
+        return {"share_planes": self.share_planes, "memory_efficient": self.memory_efficient, "chunk_size": self.chunk_size}
 
     @model_validator(mode="after")
     def _check_stages(self) -> PointTransformerConfig:
         n = len(self.channels)
         downs = sum(s > 1 for s in self.strides)
+        if self.attention == "ptv1" and (self.pe_multiplier or self.attn_drop):
+            raise ValueError("pe_multiplier and attn_drop belong to attention 'ptv2'")
         if self.downsample == "grid" and (self.grid_sizes is None or len(self.grid_sizes) != downs or min(self.grid_sizes, default=1) <= 0):
             raise ValueError(f"downsample 'grid' needs grid_sizes: {downs} positive voxel sizes, one per stage with stride > 1, got {self.grid_sizes}")
         if len(self.blocks) != n or len(self.strides) != n:
@@ -187,7 +203,7 @@ class PointTransformerEncoder(nn.Module):
         super().__init__()
         total = sum(cfg.blocks)
         rates = torch.linspace(0, cfg.drop_path, total).tolist() if total else []
-        block_kwargs = {"share_planes": cfg.share_planes, "memory_efficient": cfg.memory_efficient, "chunk_size": cfg.chunk_size}
+        block_kwargs = cfg.block_kwargs()
         grids = iter(cfg.grid_sizes or []) if cfg.downsample == "grid" else None
         stages, width, used = [], in_channels, 0
         for c, b, s in zip(cfg.channels, cfg.blocks, cfg.strides):
@@ -275,7 +291,7 @@ class PointTransformerSegmenter(nn.Module):
         super().__init__()
         self.in_channels, self.use_coord = in_channels, cfg.use_coord_as_feature
         self.encoder = PointTransformerEncoder(input_channels(in_channels, self.use_coord), cfg)
-        block_kwargs = {"share_planes": cfg.share_planes, "memory_efficient": cfg.memory_efficient, "chunk_size": cfg.chunk_size}
+        block_kwargs = cfg.block_kwargs()
         ch = cfg.channels
         decoders = [DecoderStage(ch[-1], ch[-1], skip_channels=None, blocks=cfg.decoder_blocks, k=cfg.k, **block_kwargs)]
         for s in range(len(ch) - 2, -1, -1):

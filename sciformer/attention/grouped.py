@@ -1,0 +1,165 @@
+"""Grouped vector attention over a neighbour index: the Point Transformer v2 form.
+
+Wu et al., "Point Transformer V2: Grouped Vector Attention and Partition-based Pooling"
+(NeurIPS 2022). Compared with the v1 layer (:mod:`sciformer.attention.neighborhood`):
+queries and keys pass through Linear-Norm-ReLU, the relative position may also multiply
+the query-key relation (``pe_multiplier``), the weight encoding has no leading
+Norm-ReLU, and each of the G attention weights drives one contiguous block of C/G
+channels. Neighbour entries of -1 (padding) are masked.
+
+Memory: training materialises the (N, k, C) edge tensors once per tensor, as the
+reference implementation does (BatchNorm over all N*k edges needs them together). In
+evaluation (no gradient) edges exist one chunk of query points at a time, which is exact
+because BatchNorm then applies its running statistics, so whole scenes can be predicted
+in bounded memory. For training on large scenes the v1 layer's recomputing path is the
+memory-bounded choice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from sciformer.errors import ConfigError, DataError
+
+__all__ = ["GroupedVectorAttention", "check_padded_neighbor_index"]
+
+_NORMS = ("batch", "layer")
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    return nn.BatchNorm1d(channels) if kind == "batch" else nn.LayerNorm(channels)
+
+
+class _EdgeMLP(nn.Sequential):
+    """Linear-Norm-ReLU-Linear applied to the last dim of (..., C_in) tensors (edges flattened for the norm)."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, norm: str) -> None:
+        super().__init__(nn.Linear(in_channels, hidden), _norm(norm, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape[:-1]
+        return super().forward(x.reshape(-1, x.shape[-1])).reshape(*shape, -1)  # (..., C_out)
+
+
+def check_padded_neighbor_index(idx: Tensor, num_points: int) -> Tensor:
+    """Validate a neighbour index whose entries are point indices or -1 (padding).
+
+    Shapes:
+        idx: (N, k) -> (N, k) int64
+    """
+    if not isinstance(idx, Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+        raise DataError(f"idx must be an integer tensor of shape (N, k), got {getattr(idx, 'dtype', type(idx).__name__)}")
+    if idx.ndim != 2 or idx.shape[0] != num_points or idx.shape[1] < 1:
+        raise DataError(f"idx must have shape (N={num_points}, k>=1), got {tuple(idx.shape)}")
+    if idx.numel():
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -1 or hi >= num_points:
+            raise DataError(f"idx values must lie in [-1, {num_points}) (-1 = padding), got min {lo} and max {hi}")
+    return idx.long().contiguous()
+
+
+class GroupedVectorAttention(nn.Module):
+    r"""Grouped vector self-attention over a neighbour index (Point Transformer v2).
+
+    In evaluation mode the edges are built one chunk of query points at a time (see the
+    module docstring); training builds them at once.
+
+    With :math:`r_{ij} = p_j - p_i` for the k neighbours j of point i,
+
+    .. math::
+        q_i = \mathrm{ReLU}(\mathrm{N}(W_q x_i)),\quad k_j = \mathrm{ReLU}(\mathrm{N}(W_k x_j)),\quad v_j = W_v x_j
+
+        \rho_{ij} = (k_j - q_i) \odot \mu(r_{ij}) + \beta(r_{ij}),\qquad
+        w_{ij} = \omega(\rho_{ij}) \in \mathbb{R}^G
+
+        y_i^{(g)} = \sum_j \mathrm{softmax}_j(w_{ij})_g \, \big(v_j + \beta(r_{ij})\big)^{(g)}
+
+    where :math:`\mu` (``pe_multiplier``) and :math:`\beta` (``pe_bias``) are
+    ``Linear(3,C)-Norm-ReLU-Linear(C,C)`` (each term dropped when disabled), :math:`\omega`
+    is ``Linear(C,G)-Norm-ReLU-Linear(G,G)`` and :math:`(\cdot)^{(g)}` is the g-th block
+    of C/G contiguous channels. Padding neighbours (index -1) get zero weight; a point
+    with no valid neighbour outputs zeros. Norm is BatchNorm1d over points or over all
+    N*k edges (``norm="batch"``, as PTv2) or LayerNorm. ``attn_drop`` is dropout on the
+    attention weights in training.
+
+    Args:
+        channels: feature width C (input and output).
+        groups: attention weights per edge G (divides C).
+        pe_multiplier, pe_bias: the two relative-position terms (PTv2 defaults: False, True).
+        attn_drop: dropout rate on the attention weights.
+        qkv_bias: biases of the Q/K/V projections.
+        norm: ``"batch"`` or ``"layer"``.
+        chunk_size: query points per chunk in evaluation; default about 2**20 edge values.
+
+    Shapes:
+        x: (N, C); pos: (N, 3); idx: (N, k) int64 into [0, N) or -1 -> (N, C)
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        groups: int,
+        *,
+        pe_multiplier: bool = False,
+        pe_bias: bool = True,
+        attn_drop: float = 0.0,
+        qkv_bias: bool = True,
+        norm: str = "batch",
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(channels, int) or channels < 1:
+            raise ConfigError(f"channels must be a positive integer, got {channels!r}")
+        if not isinstance(groups, int) or groups < 1 or channels % groups:
+            raise ConfigError(f"groups must be a positive divisor of channels={channels}, got {groups!r}")
+        if norm not in _NORMS:
+            raise ConfigError(f"norm must be one of {_NORMS}, got {norm!r}")
+        if not 0.0 <= attn_drop < 1.0:
+            raise ConfigError(f"attn_drop must be in [0, 1), got {attn_drop!r}")
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ConfigError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+        self.channels, self.groups, self.chunk_size = channels, groups, chunk_size
+        self.linear_q = nn.Sequential(nn.Linear(channels, channels, bias=qkv_bias), _norm(norm, channels), nn.ReLU(inplace=True))
+        self.linear_k = nn.Sequential(nn.Linear(channels, channels, bias=qkv_bias), _norm(norm, channels), nn.ReLU(inplace=True))
+        self.linear_v = nn.Linear(channels, channels, bias=qkv_bias)
+        self.linear_p_multiplier = _EdgeMLP(3, channels, channels, norm) if pe_multiplier else None
+        self.linear_p_bias = _EdgeMLP(3, channels, channels, norm) if pe_bias else None
+        self.weight_encoding = _EdgeMLP(channels, groups, groups, norm)
+        self.attn_drop = nn.Dropout(attn_drop)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, rows: Tensor, idx: Tensor) -> Tensor:
+        """Outputs of query points ``rows`` with neighbours ``idx`` (n, k)."""
+        n, kk = idx.shape
+        valid = idx >= 0  # (n, k)
+        safe = idx.clamp(min=0)  # (n, k)
+        rel = pos[safe] - pos[rows].unsqueeze(1)  # (n, k, 3)
+        relation = k[safe] - q[rows].unsqueeze(1)  # (n, k, C)
+        value = v[safe]  # (n, k, C)
+        if self.linear_p_multiplier is not None:
+            relation = relation * self.linear_p_multiplier(rel)  # (n, k, C)
+        if self.linear_p_bias is not None:
+            bias = self.linear_p_bias(rel)  # (n, k, C)
+            relation = relation + bias
+            value = value + bias
+        logits = self.weight_encoding(relation)  # (n, k, G)
+        logits = logits.masked_fill(~valid.unsqueeze(-1), float("-inf"))
+        weight = logits.softmax(dim=1).nan_to_num(0.0)  # (n, k, G); rows without a valid neighbour -> 0
+        weight = self.attn_drop(weight)
+        value = value.view(n, kk, self.groups, self.channels // self.groups)  # (n, k, G, C/G)
+        return (value * weight.unsqueeze(-1)).sum(dim=1).reshape(n, self.channels)  # (n, C)
+
+    def forward(self, x: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
+        if not isinstance(x, Tensor) or x.ndim != 2 or x.shape[1] != self.channels or x.shape[0] == 0:
+            raise DataError(f"x must have shape (N>0, channels={self.channels}), got {tuple(getattr(x, 'shape', ()))}")
+        if not isinstance(pos, Tensor) or pos.shape != (x.shape[0], 3):
+            raise DataError(f"pos must have shape (N={x.shape[0]}, 3), got {tuple(getattr(pos, 'shape', ()))}")
+        idx = check_padded_neighbor_index(idx, x.shape[0])
+        pos = pos.to(x.dtype)
+        q, k, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
+        rows = torch.arange(x.shape[0], device=x.device)  # (N,)
+        if self.training:  # BatchNorm statistics over all edges at once
+            return self._attend(q, k, v, pos, rows, idx)  # (N, C)
+        step = self.chunk_size or max(1, (1 << 20) // (idx.shape[1] * self.channels))
+        parts = [self._attend(q, k, v, pos, rows[s : s + step], idx[s : s + step]) for s in range(0, len(rows), step)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)  # (N, C)
