@@ -35,14 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(train)
 
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on its experiment's test (or val) split")
-    evaluate.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file or run folder")
+    evaluate.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file, or a run folder (its checkpoints/best.pt)")
     evaluate.add_argument("--output-dir", "-o", type=Path, help="where to write metrics (default <run>/evaluation)")
     evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
     evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
     _add_overrides(evaluate)
 
     predict = sub.add_parser("predict", help="predict a new input file with a trained checkpoint")
-    predict.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file or run folder")
+    predict.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file, or a run folder (its checkpoints/best.pt)")
     predict.add_argument("--input", "-i", required=True, type=Path, help="input file (scene cube or point cloud)")
     predict.add_argument("--output", required=True, type=Path, help="output file; its suffix picks the format")
     predict.add_argument("--batch-size", type=int, help="inference batch size (default: evaluation.batch_size)")
@@ -122,7 +122,7 @@ def _load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str 
     from sciformer.engine.checkpoint import load_checkpoint
     from sciformer.engine.runtime import pick_device
 
-    state = load_checkpoint(ckpt_path)
+    state = load_checkpoint(ckpt_path, in_run="best.pt")  # a run folder: the model its metrics.json reports
     exp = _checkpoint_experiment(state, ckpt_path, overrides)
     device = pick_device(device_name or exp.cfg.train.device)
     try:
@@ -152,13 +152,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
+    from sciformer.engine.checkpoint import checkpoint_file
     from sciformer.engine.trainer import evaluate_and_export
 
     exp, state, model, device = _load_for_inference(args.checkpoint, overrides)
     task = builders.build_task(exp)
     if task.info.num_classes != int(state["data_info"]["num_classes"]):
         raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
-    ckpt_file = args.checkpoint if args.checkpoint.is_file() else args.checkpoint / "checkpoints" / "last.pt"
+    ckpt_file = checkpoint_file(args.checkpoint, in_run="best.pt")
     out_dir = args.output_dir or ckpt_file.resolve().parent.parent / "evaluation"
     evaluate_and_export(exp, task, model, device, out_dir, extra={"checkpoint": str(ckpt_file), "checkpoint_epoch": state.get("epoch")})
     print(f"wrote {out_dir / 'metrics.json'}")

@@ -36,14 +36,24 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     atomic_write_with(path, lambda tmp: torch.save(data, tmp))
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load and check a checkpoint; never executes code from the file."""
+def checkpoint_file(path: str | Path, in_run: str = "last.pt") -> Path:
+    """``path`` itself, or ``path/checkpoints/<in_run>`` when ``path`` is a run folder.
+
+    Resuming wants ``last.pt`` (the latest state); evaluating and predicting want
+    ``best.pt`` (the model the run's ``metrics.json`` reports).
+    """
     path = Path(path)
-    if path.is_dir():
-        candidate = path / "checkpoints" / "last.pt"
-        if not candidate.exists():
-            raise CheckpointError(f"'{path}' is a directory without checkpoints/last.pt")
-        path = candidate
+    if not path.is_dir():
+        return path
+    candidate = path / "checkpoints" / in_run
+    if not candidate.exists():
+        raise CheckpointError(f"'{path}' is a directory without checkpoints/{in_run}")
+    return candidate
+
+
+def load_checkpoint(path: str | Path, in_run: str = "last.pt") -> dict[str, Any]:
+    """Load and check a checkpoint (a file, or ``checkpoints/<in_run>`` of a run folder); never executes code from the file."""
+    path = checkpoint_file(path, in_run)
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
+from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint, save_checkpoint
 from sciformer.errors import CheckpointError
 
 
@@ -21,6 +21,12 @@ def test_round_trip_and_no_temporary_left(tmp_path: Path) -> None:
     assert data["epoch"] == 2 and torch.equal(data["model"]["w"], torch.arange(4.0))
     assert os.listdir(path.parent) == ["last.pt"]
     assert load_checkpoint(tmp_path)["epoch"] == 2  # a run folder resolves to checkpoints/last.pt
+    with pytest.raises(CheckpointError, match="without checkpoints/best.pt"):
+        load_checkpoint(tmp_path, in_run="best.pt")
+    save_checkpoint(tmp_path / "checkpoints" / "best.pt", _payload())
+    assert load_checkpoint(tmp_path, in_run="best.pt")["epoch"] == 1  # evaluate / predict read best.pt
+    assert checkpoint_file(tmp_path, in_run="best.pt") == tmp_path / "checkpoints" / "best.pt"
+    assert checkpoint_file(path, in_run="best.pt") == path  # a file is taken as it is
 
 
 def test_truncated_foreign_and_missing(tmp_path: Path) -> None:

@@ -121,7 +121,9 @@ def test_train_and_evaluate_with_votes(tmp_path: Path, capsys: pytest.CaptureFix
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["votes"] == 3 and sum(c["support"] for c in metrics["per_class"].values()) == 9  # one vote per shape
     assert main(["evaluate", "--checkpoint", str(run), "--votes", "1", "-o", str(tmp_path / "ev")]) == 0
-    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["votes"] == 1
+    evaluated = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert evaluated["votes"] == 1
+    assert evaluated["checkpoint"].endswith("best.pt")  # a run folder means the model its metrics.json reports
     assert main(["evaluate", "--checkpoint", str(run), "--votes", "0"]) == 2
     assert "evaluation.votes" in capsys.readouterr().err
     shape = tmp_path / "shape.npy"

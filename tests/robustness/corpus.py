@@ -1147,10 +1147,10 @@ def _(d: Path, t: Trained) -> list[str]:
     return ["train", "--resume", str(_pickled(d, t))]
 
 
-@case("ckpt-pickled-code-in-run-folder", "last.pt", "refused", marker=True)
+@case("ckpt-pickled-code-in-run-folder", "best.pt", "refused", marker=True)
 def _(d: Path, t: Trained) -> list[str]:
     (d / "run" / "checkpoints").mkdir(parents=True)
-    save_tampered(t.checkpoint(), d / "run" / "checkpoints" / "last.pt",
+    save_tampered(t.checkpoint(), d / "run" / "checkpoints" / "best.pt",
                   lambda s: s.__setitem__("model", PickledCode(d / "pwned")))
     return ["evaluate", "--checkpoint", str(d / "run")]
 
@@ -1201,7 +1201,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return _evaluate(d, d / "empty.pt")
 
 
-@case("ckpt-directory-without-last", "run", "without checkpoints/last.pt")
+@case("ckpt-directory-without-best", "run", "without checkpoints/best.pt")
 def _(d: Path, t: Trained) -> list[str]:
     (d / "run").mkdir()
     return _evaluate(d, d / "run")

@@ -9,14 +9,91 @@ import numpy as np
 
 from sciformer.data.pointcloud._fields import PointData, fail, scale_colour
 
+# LAZ compresses points 5-15x in practice; a header promising more than this many times
+# the file's size in point records is damaged (the decoder would allocate it up front).
+MAX_LAZ_RATIO = 100
+# Points per LAZ chunk (laszip's default is 50,000; 2**32 - 1 means variable-sized
+# chunks). The decoder allocates a chunk's worth up front, so a damaged value would
+# ask for gigabytes.
+MAX_LAZ_CHUNK = 10_000_000
+_VARIABLE_CHUNKS = 0xFFFFFFFF
+
+
+def check_point_count(path: Path, header: object) -> None:
+    """Refuse a header whose point count the file cannot hold (damaged or truncated).
+
+    LAS stores records uncompressed: ``offset_to_point_data + count * record_length``
+    must fit in the file. LAZ may compress, but not beyond :data:`MAX_LAZ_RATIO`.
+    """
+    size = Path(path).stat().st_size
+    count = int(header.point_count)  # type: ignore[attr-defined]
+    record = int(header.point_format.size)  # type: ignore[attr-defined]
+    payload = max(0, size - int(header.offset_to_point_data))  # type: ignore[attr-defined]
+    compressed = bool(header.are_points_compressed)  # type: ignore[attr-defined]
+    limit = payload * MAX_LAZ_RATIO if compressed else payload
+    if count * record > limit:
+        what = "LAZ" if compressed else "LAS"
+        raise fail(path, f"{what} header declares {count} points of {record} bytes, more than the "
+                         f"{size}-byte file can hold; the file is damaged or truncated")
+    if compressed:
+        chunk = laz_chunk_size(header)
+        if chunk is not None and chunk != _VARIABLE_CHUNKS and chunk > MAX_LAZ_CHUNK:
+            raise fail(path, f"LAZ chunk size {chunk} points is beyond any writer's ({MAX_LAZ_CHUNK}); the laszip record is damaged")
+        check_chunk_table(path, int(header.offset_to_point_data), count, size)  # type: ignore[attr-defined]
+
+
+def check_chunk_table(path: Path, point_offset: int, count: int, size: int) -> None:
+    """The LAZ chunk table must lie inside the file and list no more chunks than points.
+
+    The point data starts with the table's offset (int64; -1: stored in the file's last
+    8 bytes); the table starts with a version and the number of chunks (uint32 each).
+    """
+    with open(path, "rb") as fh:
+        fh.seek(point_offset)
+        head = fh.read(8)
+        if len(head) < 8:
+            raise fail(path, "LAZ point data is missing (file truncated)")
+        offset = int.from_bytes(head, "little", signed=True)
+        if offset == -1:
+            fh.seek(max(0, size - 8))
+            offset = int.from_bytes(fh.read(8), "little", signed=True)
+        if not point_offset + 8 <= offset <= size - 8:
+            raise fail(path, f"LAZ chunk table offset {offset} lies outside the {size}-byte file; the file is damaged or truncated")
+        fh.seek(offset)
+        table = fh.read(8)
+    chunks = int.from_bytes(table[4:8], "little")
+    if chunks > max(1, count):
+        raise fail(path, f"LAZ chunk table lists {chunks} chunks for {count} points; the file is damaged")
+
+
+def laz_chunk_size(header: object) -> int | None:
+    """Points per chunk from the header's laszip VLR (None when it has none)."""
+    for vlr in getattr(header, "vlrs", []):
+        if getattr(vlr, "user_id", "") == "laszip encoded" and getattr(vlr, "record_id", None) == 22204:
+            data = vlr.record_data_bytes() if hasattr(vlr, "record_data_bytes") else getattr(vlr, "record_data", b"")
+            if len(data) >= 16:
+                return int.from_bytes(data[12:16], "little")  # after compressor, coder, version, revision, options
+    return None
+
+
 def read_las(path: Path) -> PointData:
     try:
         import laspy
     except ImportError as exc:  # pragma: no cover - laspy is a declared extra
         raise fail(path, 'reading LAS/LAZ needs laspy: pip install "laspy[lazrs]"') from exc
     try:
+        with laspy.open(path) as reader:
+            header = reader.header
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # lazrs panics derive from BaseException
+        raise fail(path, f"cannot read LAS/LAZ header ({type(exc).__name__}: {exc})") from exc
+    check_point_count(path, header)
+    try:
         las = laspy.read(path)
-    except Exception as exc:  # laspy raises several types (LaspyException, lazrs errors)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # laspy raises several types; lazrs panics derive from BaseException
         raise fail(path, f"cannot read LAS/LAZ ({type(exc).__name__}: {exc})") from exc
     coord = np.stack([np.asarray(las.x), np.asarray(las.y), np.asarray(las.z)], axis=1)  # (n, 3) float64
     out: PointData = {"coord": coord.astype(np.float64)}
@@ -36,5 +113,7 @@ def las_has_rgb(path: str | os.PathLike[str]) -> bool:
     try:
         with laspy.open(path) as reader:
             return {"red", "green", "blue"} <= set(reader.header.point_format.dimension_names)
-    except Exception as exc:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # lazrs panics derive from BaseException
         raise fail(path, f"cannot read LAS/LAZ header ({type(exc).__name__}: {exc})") from exc

@@ -57,3 +57,41 @@ def test_real_lidar_tiles(fakes, name: str) -> None:
     if has_rgb:
         assert 0.0 <= data["colour"].min() and data["colour"].max() <= 1.0
         assert data["colour"].max() > 0.5  # 8-bit and 16-bit files both span the range
+
+
+def _edit(path: Path, offset: int, data: bytes) -> Path:
+    raw = bytearray(path.read_bytes())
+    raw[offset : offset + len(data)] = data
+    out = path.with_name("damaged" + path.suffix)
+    out.write_bytes(bytes(raw))
+    return out
+
+
+def test_damaged_headers_are_refused_before_allocation(tmp_path: Path, fakes, one_line_error) -> None:
+    """Counts that a damaged header inflates would make the decoder allocate gigabytes (or abort)."""
+    import laspy
+
+    las = tmp_path / "tile.las"
+    fakes.las(las, n=40)
+    with pytest.raises(DataError) as e:  # legacy and 1.4 point counts (offsets 107 and 247) claim 2**31 points
+        read_point_file(_edit(las, 107, (2**31).to_bytes(4, "little")) if laspy.read(las).header.version.minor < 4
+                        else _edit(las, 247, (2**31).to_bytes(8, "little")))
+    one_line_error(e, "damaged.las", "more than the", "file can hold")
+
+    laz = tmp_path / "tile.laz"
+    fakes.las(laz, n=40)
+    with laspy.open(laz) as reader:
+        point_offset = reader.header.offset_to_point_data
+        vlr_data = next(v for v in reader.header.vlrs if v.record_id == 22204).record_data_bytes()
+    raw = laz.read_bytes()
+    chunk_at = raw.index(vlr_data) + 12  # chunk size: after compressor, coder, version, revision, options
+    with pytest.raises(DataError) as e:
+        read_point_file(_edit(laz, chunk_at, (0xFF00C350).to_bytes(4, "little")))
+    one_line_error(e, "damaged.laz", "chunk size 4278240080")
+    table_at = int.from_bytes(raw[point_offset : point_offset + 8], "little", signed=True)
+    with pytest.raises(DataError) as e:
+        read_point_file(_edit(laz, table_at + 4, (0xFFFFFF).to_bytes(4, "little")))
+    one_line_error(e, "damaged.laz", "chunk table lists 16777215 chunks for 40 points")
+    with pytest.raises(DataError) as e:
+        read_point_file(_edit(laz, point_offset, (10**9).to_bytes(8, "little")))
+    one_line_error(e, "damaged.laz", "chunk table offset 1000000000 lies outside")
