@@ -804,7 +804,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return argv
 
 
-@case("laz-truncated", "train.laz", "LAS")
+@case("laz-truncated", "train.laz", "truncated")
 def _(d: Path, t: Trained) -> list[str]:
     root, argv = _tiles(d, "train.laz")
     truncate(write_las(root / "train.laz", n=2000), 0.6)
