@@ -20,9 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from sciformer.attention.neighborhood import check_neighbor_index
 from sciformer.errors import ConfigError, DataError
 
-__all__ = ["GroupedVectorAttention", "check_padded_neighbor_index"]
+__all__ = ["GroupedVectorAttention"]
 
 _NORMS = ("batch", "layer")
 
@@ -40,23 +41,6 @@ class _EdgeMLP(nn.Sequential):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape[:-1]
         return super().forward(x.reshape(-1, x.shape[-1])).reshape(*shape, -1)  # (..., C_out)
-
-
-def check_padded_neighbor_index(idx: Tensor, num_points: int) -> Tensor:
-    """Validate a neighbour index whose entries are point indices or -1 (padding).
-
-    Shapes:
-        idx: (N, k) -> (N, k) int64
-    """
-    if not isinstance(idx, Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
-        raise DataError(f"idx must be an integer tensor of shape (N, k), got {getattr(idx, 'dtype', type(idx).__name__)}")
-    if idx.ndim != 2 or idx.shape[0] != num_points or idx.shape[1] < 1:
-        raise DataError(f"idx must have shape (N={num_points}, k>=1), got {tuple(idx.shape)}")
-    if idx.numel():
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < -1 or hi >= num_points:
-            raise DataError(f"idx values must lie in [-1, {num_points}) (-1 = padding), got min {lo} and max {hi}")
-    return idx.long().contiguous()
 
 
 class GroupedVectorAttention(nn.Module):
@@ -154,7 +138,7 @@ class GroupedVectorAttention(nn.Module):
             raise DataError(f"x must have shape (N>0, channels={self.channels}), got {tuple(getattr(x, 'shape', ()))}")
         if not isinstance(pos, Tensor) or pos.shape != (x.shape[0], 3):
             raise DataError(f"pos must have shape (N={x.shape[0]}, 3), got {tuple(getattr(pos, 'shape', ()))}")
-        idx = check_padded_neighbor_index(idx, x.shape[0])
+        idx = check_neighbor_index(idx, x.shape[0], x.shape[0], allow_padding=True)
         pos = pos.to(x.dtype)
         q, k, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
         rows = torch.arange(x.shape[0], device=x.device)  # (N,)

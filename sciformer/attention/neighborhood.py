@@ -48,12 +48,13 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 def check_neighbor_index(
-    idx: Tensor, num_queries: int, num_sources: int, name: str = "idx"
+    idx: Tensor, num_queries: int, num_sources: int, name: str = "idx", *, allow_padding: bool = False
 ) -> Tensor:
     """Validate a neighbour index and return it as a contiguous int64 tensor.
 
     Raises :class:`~sciformer.errors.DataError` (one line) unless ``idx`` is an integer
-    tensor of shape (num_queries, k), k >= 1, with values in [0, num_sources).
+    tensor of shape (num_queries, k), k >= 1, with values in [0, num_sources) (or -1,
+    padding, with ``allow_padding``).
 
     Shapes:
         idx: (N, k) -> (N, k) int64
@@ -69,9 +70,11 @@ def check_neighbor_index(
     if idx.numel() > 0:
         lo_t, hi_t = torch.aminmax(idx)
         lo, hi = int(lo_t), int(hi_t)
-        if lo < 0 or hi >= num_sources:
+        low = -1 if allow_padding else 0
+        if lo < low or hi >= num_sources:
+            padding = " (-1 = padding)" if allow_padding else ""
             raise DataError(
-                f"{name} values must lie in [0, {num_sources}), got min {lo} and max {hi}"
+                f"{name} values must lie in [{low}, {num_sources}){padding}, got min {lo} and max {hi}"
             )
     return idx.to(torch.long).contiguous()
 
