@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,25 +79,37 @@ def laz_chunk_size(header: object) -> int | None:
     return None
 
 
-def read_las(path: Path) -> PointData:
+@contextmanager
+def laspy_errors(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+    """Turn any laspy failure into one line naming ``path``.
+
+    laspy raises several types, and lazrs panics derive from BaseException, so
+    everything but interrupts is caught.
+    """
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        raise fail(path, f"cannot read {what} ({type(exc).__name__}: {exc})") from exc
+
+
+def read_las_header(path: str | os.PathLike[str]) -> Any:
+    """The laspy header of a LAS/LAZ file (points are not read)."""
     try:
         import laspy
     except ImportError as exc:  # pragma: no cover - laspy is a declared extra
         raise fail(path, 'reading LAS/LAZ needs laspy: pip install "laspy[lazrs]"') from exc
-    try:
-        with laspy.open(path) as reader:
-            header = reader.header
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # lazrs panics derive from BaseException
-        raise fail(path, f"cannot read LAS/LAZ header ({type(exc).__name__}: {exc})") from exc
-    check_point_count(path, header)
-    try:
+    with laspy_errors(path, "LAS/LAZ header"), laspy.open(path) as reader:
+        return reader.header
+
+
+def read_las(path: Path) -> PointData:
+    import laspy
+
+    check_point_count(path, read_las_header(path))  # before the decoder allocates what the header claims
+    with laspy_errors(path, "LAS/LAZ"):
         las = laspy.read(path)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # laspy raises several types; lazrs panics derive from BaseException
-        raise fail(path, f"cannot read LAS/LAZ ({type(exc).__name__}: {exc})") from exc
     coord = np.stack([np.asarray(las.x), np.asarray(las.y), np.asarray(las.z)], axis=1)  # (n, 3) float64
     out: PointData = {"coord": coord.astype(np.float64)}
     dims = set(las.point_format.dimension_names)
@@ -108,12 +123,4 @@ def read_las(path: Path) -> PointData:
 
 def las_has_rgb(path: str | os.PathLike[str]) -> bool:
     """Whether a LAS/LAZ file's point format stores red/green/blue (header only)."""
-    import laspy
-
-    try:
-        with laspy.open(path) as reader:
-            return {"red", "green", "blue"} <= set(reader.header.point_format.dimension_names)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # lazrs panics derive from BaseException
-        raise fail(path, f"cannot read LAS/LAZ header ({type(exc).__name__}: {exc})") from exc
+    return {"red", "green", "blue"} <= set(read_las_header(path).point_format.dimension_names)

@@ -41,11 +41,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
 from sciformer.data.pointcloud.io import parse_text_table, read_point_file
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
-from sciformer.data.pointcloud.sample import check_features, collate_points, feature_channels
+from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
     check_eval_transform_specs,
-    predict_scene,
+    predict_scene_file,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
@@ -297,8 +297,6 @@ def predict_s3dis_file(
     ``options`` sets the chunk overlap (context points per core point) and the
     test-time views (turns about z, mirrored copies) whose softmax is summed per point.
     """
-    from sciformer.pointcloud.predict import tta_views  # the model side imports this module
-
     options = options or PredictOptions()
     options.require_defaults("s3dis", "votes")
     input_path = Path(input_path)
@@ -316,8 +314,7 @@ def predict_s3dis_file(
         ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
         part_z="keep", transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), features=features, seed=0,
     )
-    pred = predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=len(class_names),
-                         overlap=options.overlap, views=tta_views(options.rotations, options.flip))
+    pred = predict_scene_file(dataset, predict, batch_size=batch_size, num_classes=len(class_names), options=options)
     out: Sample = {"coord": coord, "colour": data.get("colour")}
     if "label" in data:
         out["label"] = data["label"]

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from sciformer.data.base import Batch, PredictFn
+from sciformer.data.base import Batch, PredictFn, PredictOptions
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.io import write_ply
-from sciformer.data.pointcloud.sample import assemble_features, split_by_offset
+from sciformer.data.pointcloud.sample import assemble_features, collate_points, split_by_offset
 from sciformer.data.pointcloud.task import PointDataset, PointTask
 from sciformer.errors import DataError
 from sciformer.pointcloud.transforms import (
@@ -277,6 +277,21 @@ def predict_scene(
         for i, part in zip(chunk, split_by_offset(logits, batch["offset"].numpy()), strict=True):
             logits_kept[dataset.positions(i)[1]] = part
     return logits_kept.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
+
+
+def predict_scene_file(dataset: SceneEvalDataset, predict: PredictFn, *, batch_size: int, num_classes: int,
+                       options: PredictOptions) -> np.ndarray:
+    """:func:`predict_scene` of a file predictor's one-scene dataset with the ``predict`` flags.
+
+    ``options.overlap`` sets the chunk overlap, ``options.rotations`` / ``options.flip``
+    the test-time views.
+
+    Shapes: -> (n,) int64, n = the scene's full point count.
+    """
+    from sciformer.pointcloud.predict import tta_views  # the model side imports this module
+
+    return predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=num_classes,
+                         overlap=options.overlap, views=tta_views(options.rotations, options.flip))
 
 
 def evaluate_scenes(
