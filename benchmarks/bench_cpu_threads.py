@@ -32,7 +32,7 @@ def child(threads: int, attention: str, steps: int) -> None:
     import torch
 
     from sciformer import config
-    from sciformer.data.base import DataInfo
+    from sciformer.contracts import DataInfo
     from sciformer.engine import builders
 
     torch.set_num_threads(threads)

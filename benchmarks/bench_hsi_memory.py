@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from sciformer.data.base import BuildContext
+from sciformer.contracts import BuildContext
 from sciformer.data.hsi.task import HSISceneConfig, build_hsi_scene
 
 H, W, B, K = 610, 340, 103, 9  # Pavia University

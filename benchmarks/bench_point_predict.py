@@ -52,9 +52,13 @@ def synthetic_scene(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    from sciformer.data.base import DataInfo
+    from sciformer.contracts import DataInfo
     from sciformer.data.pointcloud.sample import collate_points
-    from sciformer.data.pointcloud.scenes import ArrayScene, SceneEvalDataset, predict_scene
+    from sciformer.data.pointcloud.scenes import (
+        ArrayScene,
+        SceneEvalDataset,
+        predict_scene,
+    )
     from sciformer.registry import MODELS
 
     torch.set_num_threads(args.threads)

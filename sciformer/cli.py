@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import sciformer
 from sciformer.errors import CheckpointError, ConfigError, SciformerError
@@ -67,6 +66,7 @@ def _default_run_dir(name: str) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     from sciformer import config
     from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
     from sciformer.engine.trainer import RunFolderError, Trainer
 
     overrides = list(args.overrides)
@@ -76,10 +76,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume is not None:
         state = load_checkpoint(args.resume)
         ckpt_path = args.resume if args.resume.is_file() else args.resume / "checkpoints" / "last.pt"
-        missing = [k for k in _RESUME_KEYS if k not in state]
+        missing = [k for k in RESUME_KEYS if k not in state]
         if missing:
             raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
-        exp = _checkpoint_experiment(state, ckpt_path, overrides)
+        exp = checkpoint_experiment(state, ckpt_path, overrides)
         run_dir = ckpt_path.resolve().parent.parent
         if args.output_dir is not None and args.output_dir.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {args.output_dir} differs from the resumed run folder {run_dir}; drop --output-dir")
@@ -105,42 +105,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-_RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
-
-
-def _checkpoint_experiment(state: dict[str, Any], ckpt_path: Path, overrides: list[str]) -> Any:
-    """The experiment stored in a checkpoint, validated; errors name the checkpoint."""
-    from sciformer import config
-
-    if not isinstance(state.get("config_dir"), str):
-        raise CheckpointError(f"checkpoint '{ckpt_path}' lacks 'config_dir' (the folder its config paths are relative to)")
-    return config.from_dict(state["config"], Path(state["config_dir"]), overrides, source=f"checkpoint '{ckpt_path}' config")
-
-
-def _load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str | None = None) -> tuple[Any, dict[str, Any], Any, Any]:
-    from sciformer.engine import builders
-    from sciformer.engine.checkpoint import load_checkpoint
-    from sciformer.engine.runtime import pick_device
-
-    state = load_checkpoint(ckpt_path, in_run="best.pt")  # a run folder: the model its metrics.json reports
-    exp = _checkpoint_experiment(state, ckpt_path, overrides)
-    device = pick_device(device_name or exp.cfg.train.device)
-    try:
-        info = builders.data_info_from_dict(state["data_info"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint '{ckpt_path}': data_info is incomplete or malformed ({type(exc).__name__}: {exc}); "
-                              "expected num_classes, class_names and in_channels") from None
-    model = builders.build_model(exp, info)
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
-        detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
-        detail = detail if len(detail) <= 240 else detail[:237] + "..."
-        raise CheckpointError(f"checkpoint '{ckpt_path}' does not match model '{exp.cfg.model.name}': {detail}") from None
-    return exp, state, model.to(device).eval(), device
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
@@ -153,9 +117,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
+    from sciformer.engine.inference import load_for_inference
     from sciformer.engine.trainer import evaluate_and_export
 
-    exp, state, model, device = _load_for_inference(args.checkpoint, overrides)
+    exp, state, model, device = load_for_inference(args.checkpoint, overrides)
     task = builders.build_task(exp)
     if task.info.num_classes != int(state["data_info"]["num_classes"]):
         raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
@@ -178,12 +143,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from sciformer.data.base import PredictOptions
-    from sciformer.engine.loops import autocast, to_device
+    from sciformer.contracts import PredictOptions
+    from sciformer.engine.inference import load_for_inference, predict_fn
     from sciformer.registry import DATASETS
 
     options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes)
-    exp, state, model, device = _load_for_inference(args.checkpoint, [], args.device)
+    exp, state, model, device = load_for_inference(args.checkpoint, [], args.device)
     entry = DATASETS.get(exp.cfg.data.name, key="data.name")
     if entry.predictor is None:
         raise SciformerError(f"dataset '{exp.cfg.data.name}' has no file predictor")
@@ -191,12 +156,7 @@ def _predict(args: argparse.Namespace) -> int:
         raise SciformerError(f"--input '{args.input}' does not exist")
     if args.input.is_dir():
         raise SciformerError(f"--input '{args.input}' is a directory; expected a file")
-    amp = exp.cfg.train.amp
-
-    def predict(batch: dict[str, Any]) -> Any:
-        with autocast(device, amp):
-            return model(to_device(batch, device)).float()
-
+    predict = predict_fn(model, device, exp.cfg.train.amp)
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
     written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, args.input, args.output, batch_size, options=options)
     print(f"wrote {written or args.output}")

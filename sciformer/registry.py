@@ -57,7 +57,7 @@ class Registry:
         """Decorator registering ``builder`` under ``name``.
 
         ``predictor`` (datasets only) predicts a whole input file with a trained
-        model, without building the training data; see ``sciformer.data.base``.
+        model, without building the training data; see ``sciformer.contracts``.
         """
 
         def decorator(builder: Callable[..., Any]) -> Callable[..., Any]:

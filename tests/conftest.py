@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sciformer.data.base import default_data_root
+from sciformer.contracts import default_data_root
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
-from sciformer.data.base import BuildContext, DataInfo, TaskData  # noqa: E402
+from sciformer.contracts import BuildContext, DataInfo, TaskData  # noqa: E402
 from sciformer.registry import DATASETS, MODELS  # noqa: E402
 
 

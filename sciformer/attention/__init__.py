@@ -9,17 +9,25 @@ from sciformer.attention.dense import (
     merge_heads,
     split_heads,
 )
+from sciformer.attention.grouped import GroupedVectorAttention
+
+# --- neighbourhood (point) form ------------------------------------------------------
+from sciformer.attention.neighborhood import (
+    PointTransformerBlock,
+    PointTransformerLayer,
+    check_neighbor_index,
+)
 from sciformer.attention.positional import (
     PositionMLP,
     RelativePositionBias,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
 )
-from sciformer.attention.transformer import CrossLayerFusion, TransformerBlock, TransformerEncoder
-
-# --- neighbourhood (point) form ------------------------------------------------------
-from sciformer.attention.neighborhood import PointTransformerBlock, PointTransformerLayer, check_neighbor_index
-from sciformer.attention.grouped import GroupedVectorAttention
+from sciformer.attention.transformer import (
+    CrossLayerFusion,
+    TransformerBlock,
+    TransformerEncoder,
+)
 
 __all__ = [
     # blocks

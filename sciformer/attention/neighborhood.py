@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from sciformer.attention._neighborhood_fused import VectorStage1, VectorStage2
 from sciformer.attention._neighborhood_norm import (
     NeighborGraph,
     batchnorm_fold,
@@ -31,7 +32,6 @@ from sciformer.attention._neighborhood_norm import (
     stats_dtype,
     uses_batch_stats,
 )
-from sciformer.attention._neighborhood_fused import VectorStage1, VectorStage2
 from sciformer.attention._neighborhood_ops import auto_chunk_size, chunked_edge_map
 from sciformer.attention.blocks import DropPath
 from sciformer.errors import ConfigError, DataError

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from sciformer.config import Experiment, OptimizerConfig, ScheduleConfig
-from sciformer.data.base import BuildContext, DataInfo, TaskData
+from sciformer.contracts import BuildContext, DataInfo, TaskData
 from sciformer.errors import ConfigError
 from sciformer.registry import DATASETS, MODELS
 

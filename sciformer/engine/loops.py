@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from sciformer.data.base import Batch
+from sciformer.contracts import Batch
 from sciformer.engine.metrics import ConfusionMatrix
 from sciformer.errors import SciformerError
 

@@ -30,15 +30,23 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from sciformer.config import Experiment
-from sciformer.data.base import TaskData
+from sciformer.contracts import TaskData
 from sciformer.engine import builders
+from sciformer.engine.batching import EpochBatchSampler
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
-from sciformer.engine.loops import autocast, evaluate, progress, to_device, train_steps
+from sciformer.engine.inference import predict_fn
+from sciformer.engine.loops import evaluate, progress, train_steps
 from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table
 from sciformer.engine.report import write_evaluation
-from sciformer.engine.runtime import capture_rng, environment, epoch_seed, pick_device, restore_rng, seed_everything
-from sciformer.engine.sampling import EpochBatchSampler
+from sciformer.engine.runtime import (
+    capture_rng,
+    environment,
+    epoch_seed,
+    pick_device,
+    restore_rng,
+    seed_everything,
+)
 from sciformer.errors import SciformerError
 from sciformer.utils.atomic import atomic_write_text
 
@@ -74,16 +82,6 @@ def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, see
                                 max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False)
-
-
-def _predict_fn(model: nn.Module, device: torch.device, amp: str):
-    @torch.no_grad()
-    def predict(batch: dict[str, Any]) -> torch.Tensor:
-        model.eval()
-        with autocast(device, amp):
-            return model(to_device(batch, device)).float()
-
-    return predict
 
 
 def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
@@ -382,7 +380,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     payload: dict[str, Any] = {}
     if dist.is_main:
         facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
-        facts.update(task.export_predictions(_predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split) or {})
+        facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split) or {})
         payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
     dist.barrier()

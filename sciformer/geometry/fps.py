@@ -39,7 +39,12 @@ import numpy as np
 import torch
 
 from sciformer.errors import DataError
-from sciformer.geometry._validate import check_choice, check_nonempty, check_offset, check_points
+from sciformer.geometry._validate import (
+    check_choice,
+    check_nonempty,
+    check_offset,
+    check_points,
+)
 from sciformer.geometry.knn import has_module
 
 FPS_BACKENDS = ("auto", "fpsample", "numpy", "torch")

@@ -9,7 +9,12 @@ from typing import NamedTuple
 import torch
 
 from sciformer.errors import DataError
-from sciformer.geometry._validate import check_choice, check_nonempty, check_offset, check_points
+from sciformer.geometry._validate import (
+    check_choice,
+    check_nonempty,
+    check_offset,
+    check_points,
+)
 
 REDUCE = ("max", "mean")
 ORIGIN = ("min", "zero")

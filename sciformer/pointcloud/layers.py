@@ -19,7 +19,14 @@ import torch
 from torch import Tensor, nn
 
 from sciformer.errors import ConfigError, DataError
-from sciformer.geometry import fps, grid_pool, interpolate, knn, offset_to_batch, offset_to_sizes
+from sciformer.geometry import (
+    fps,
+    grid_pool,
+    interpolate,
+    knn,
+    offset_to_batch,
+    offset_to_sizes,
+)
 
 
 class Level(NamedTuple):

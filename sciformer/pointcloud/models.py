@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
 from sciformer.attention.neighborhood import PointTransformerBlock
-from sciformer.data.base import DataInfo
+from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError, DataError
 from sciformer.pointcloud.layers import (
     ClassificationHead,

@@ -9,7 +9,11 @@ from sciformer.spectral.models import (
     build_spectral_spatial,
     build_spectralformer,
 )
-from sciformer.spectral.tokenizer import SpectralPixelEmbedding, SpectralTokenizer, band_groups
+from sciformer.spectral.tokenizer import (
+    SpectralPixelEmbedding,
+    SpectralTokenizer,
+    band_groups,
+)
 
 __all__ = [
     "BandPositions",

@@ -22,9 +22,12 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from sciformer.attention.positional import RelativePositionBias, SinusoidalPositionalEncoding
+from sciformer.attention.positional import (
+    RelativePositionBias,
+    SinusoidalPositionalEncoding,
+)
 from sciformer.attention.transformer import TransformerEncoder
-from sciformer.data.base import DataInfo
+from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import MODELS
 from sciformer.spectral.tokenizer import SpectralPixelEmbedding, SpectralTokenizer

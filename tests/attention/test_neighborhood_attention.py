@@ -19,6 +19,7 @@ from sciformer.attention.neighborhood import (
 )
 from sciformer.errors import ConfigError, DataError
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _single_thread():
     """Tiny tensors: one intra-op thread avoids thread wake-ups dominating (shared CPUs)."""

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sciformer.attention.transformer import CrossLayerFusion, TransformerBlock, TransformerEncoder
+from sciformer.attention.transformer import (
+    CrossLayerFusion,
+    TransformerBlock,
+    TransformerEncoder,
+)
 from sciformer.errors import ConfigError
 
 

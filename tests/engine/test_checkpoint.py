@@ -5,7 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint, save_checkpoint
+from sciformer.engine.checkpoint import (
+    checkpoint_file,
+    load_checkpoint,
+    save_checkpoint,
+)
 from sciformer.errors import CheckpointError
 
 

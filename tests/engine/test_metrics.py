@@ -1,9 +1,17 @@
 import numpy as np
 import pytest
 import torch
-from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa, MulticlassJaccardIndex
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassCohenKappa,
+    MulticlassJaccardIndex,
+)
 
-from sciformer.engine.metrics import ConfusionMatrix, format_table, scores_from_confusion
+from sciformer.engine.metrics import (
+    ConfusionMatrix,
+    format_table,
+    scores_from_confusion,
+)
 
 
 def _random_preds(n: int, c: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

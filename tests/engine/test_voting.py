@@ -11,12 +11,11 @@ import torch
 import yaml
 
 from sciformer.cli import main
-from sciformer.data.base import BuildContext
+from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.modelnet import ModelNetConfig, build_modelnet
 from sciformer.data.pointcloud.sample import collate_points
 from sciformer.engine.loops import merge_votes
 from sciformer.errors import ConfigError
-
 from tests.data.pointcloud.conftest import write_modelnet_h5
 
 CLASSES = ["bathtub", "bed", "chair"]
@@ -73,7 +72,7 @@ def test_voting_defaults_to_training_transforms(tmp_path: Path) -> None:
 
 
 def test_segmentation_and_hyperspectral_tasks_refuse_votes(tmp_path: Path) -> None:
-    from sciformer.data.pointcloud.task import PointTask
+    from sciformer.data.pointcloud.dataset import PointTask
 
     plain = PointTask(_task(tmp_path).info, {"test": lambda: None})
     with pytest.raises(ConfigError) as e:

@@ -8,10 +8,16 @@ import pytest
 import torch
 
 from sciformer.config import validate
-from sciformer.data.base import DataInfo
+from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError, DataError
 from sciformer.geometry import sizes_to_offset
-from sciformer.pointcloud.layers import Level, TransitionDown, TransitionUp, fps_start, segment_mean
+from sciformer.pointcloud.layers import (
+    Level,
+    TransitionDown,
+    TransitionUp,
+    fps_start,
+    segment_mean,
+)
 from sciformer.pointcloud.models import input_level
 from sciformer.registry import MODELS
 

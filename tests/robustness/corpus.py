@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from sciformer.data.base import DataInfo
+from sciformer.contracts import DataInfo
 from sciformer.registry import MODELS
 
 # ----------------------------------------------------------------------------- probe model

@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import corpus
 import pytest
 
-import corpus
 from sciformer.cli import main
 from sciformer.registry import DATASETS
 

@@ -14,12 +14,12 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import corpus
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import corpus
 from sciformer import config
 from sciformer.data.hsi.readers import read_scene
 from sciformer.data.pointcloud.io import read_point_file

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sciformer.registry as registry
-from sciformer.data.base import DataInfo
+from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import MODELS
 from sciformer.spectral import models as spectral_models

@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from sciformer.errors import ConfigError, DataError
-from sciformer.spectral.tokenizer import SpectralPixelEmbedding, SpectralTokenizer, band_groups
+from sciformer.spectral.tokenizer import (
+    SpectralPixelEmbedding,
+    SpectralTokenizer,
+    band_groups,
+)
 
 
 def test_band_groups_centred_with_stride_one() -> None:

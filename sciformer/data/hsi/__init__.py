@@ -3,10 +3,25 @@
 Importing :mod:`sciformer.data.hsi.task` registers the ``hsi_scene`` dataset.
 """
 
-from sciformer.data.hsi.builtin import INDIAN_PINES_CLASSES, is_builtin, load_builtin, load_indian_pines
-from sciformer.data.hsi.export import class_colors, save_map_envi, save_map_npy, save_map_png
+from sciformer.data.hsi.builtin import (
+    INDIAN_PINES_CLASSES,
+    is_builtin,
+    load_builtin,
+    load_indian_pines,
+)
+from sciformer.data.hsi.export import (
+    class_colors,
+    save_map_envi,
+    save_map_npy,
+    save_map_png,
+)
 from sciformer.data.hsi.normalize import Normalizer
-from sciformer.data.hsi.patches import PatchDataset, iter_scene_batches, pad_cube, predict_scene
+from sciformer.data.hsi.patches import (
+    PatchDataset,
+    iter_scene_batches,
+    pad_cube,
+    predict_scene,
+)
 from sciformer.data.hsi.readers import Scene, list_arrays, read_labels, read_scene
 from sciformer.data.hsi.splits import (
     Split,

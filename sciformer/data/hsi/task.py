@@ -37,12 +37,26 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sciformer.data.base import Batch, BuildContext, DataInfo, PredictFn, PredictOptions, TaskData
+from sciformer.contracts import (
+    Batch,
+    BuildContext,
+    DataInfo,
+    PredictFn,
+    PredictOptions,
+    TaskData,
+)
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
-from sciformer.data.hsi.readers import Scene, list_arrays, open_container, read_labels, read_scene, validate_labels
+from sciformer.data.hsi.readers import (
+    Scene,
+    list_arrays,
+    open_container,
+    read_labels,
+    read_scene,
+    validate_labels,
+)
 from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS

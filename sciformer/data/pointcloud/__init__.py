@@ -10,7 +10,12 @@ dataset (``modelnet``, ``s3dis``, ``shapenetpart``, ``lidar``).
 """
 
 from sciformer.data.pointcloud import lidar, modelnet, s3dis, shapenetpart
-from sciformer.data.pointcloud.io import read_off, read_point_file, sample_mesh_surface, write_ply
+from sciformer.data.pointcloud.io import (
+    read_off,
+    read_point_file,
+    sample_mesh_surface,
+    write_ply,
+)
 from sciformer.data.pointcloud.sample import collate_points
 from sciformer.data.pointcloud.shapenetpart import part_miou
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.pointcloud._fields import (
+from sciformer.data.pointcloud.fields import (
     PointData,
     atomic_write_bytes,
     check_points,

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from sciformer.data.pointcloud._fields import PointData, fail, scale_colour
+from sciformer.data.pointcloud.fields import PointData, fail, scale_colour
 
 # LAZ compresses points 5-15x in practice; a header promising more than this many times
 # the file's size in point records is damaged (the decoder would allocate it up front).

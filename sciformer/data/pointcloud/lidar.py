@@ -40,22 +40,32 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
+from sciformer.contracts import (
+    BuildContext,
+    DataInfo,
+    PredictFn,
+    PredictOptions,
+    default_data_root,
+)
+from sciformer.data.pointcloud.cache import (
+    cache_key,
+    file_identity,
+    load_arrays,
+    save_arrays_atomic,
+)
+from sciformer.data.pointcloud.dataset import PointDataset, state_value
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
-from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
-    check_eval_transform_specs,
-    predict_scene_file,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
+    check_eval_transform_specs,
+    predict_scene_file,
     write_point_predictions,
 )
-from sciformer.data.pointcloud.task import PointDataset, state_value
-from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import (
+from sciformer.data.transforms import (
     CenterShift,
     Compose,
     GridSample,
@@ -64,6 +74,7 @@ from sciformer.pointcloud.transforms import (
     check_transform_specs,
     index_points,
 )
+from sciformer.errors import DataError
 from sciformer.registry import DATASETS
 
 DEFAULT_CLASSES: dict[str, list[int]] = {"ground": [2], "vegetation": [3, 4, 5], "building": [6], "other": []}

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.pointcloud._fields import fail, triangulate
+from sciformer.data.pointcloud.fields import fail, triangulate
 from sciformer.errors import DataError
+
 
 def read_off(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     """Read an OFF mesh: vertices (v, 3) float64 and triangle faces (m, 3) int64.

@@ -44,16 +44,20 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
-from sciformer.data.pointcloud.io import atomic_write_bytes, read_off, read_point_file, sample_mesh_surface
-from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
-from sciformer.data.pointcloud.sample import (
-    assemble_features,
-    check_features,
-    collate_points,
-    feature_channels,
+from sciformer.contracts import (
+    BuildContext,
+    DataInfo,
+    PredictFn,
+    PredictOptions,
+    default_data_root,
 )
-from sciformer.data.pointcloud.task import (
+from sciformer.data.pointcloud.cache import (
+    cache_key,
+    file_identity,
+    load_arrays,
+    save_arrays_atomic,
+)
+from sciformer.data.pointcloud.dataset import (
     PointDataset,
     PointTask,
     progress,
@@ -61,8 +65,19 @@ from sciformer.data.pointcloud.task import (
     state_value,
     stratified_holdout,
 )
-from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import (
+from sciformer.data.pointcloud.io import (
+    atomic_write_bytes,
+    read_off,
+    read_point_file,
+    sample_mesh_surface,
+)
+from sciformer.data.pointcloud.sample import (
+    assemble_features,
+    check_features,
+    collate_points,
+    feature_channels,
+)
+from sciformer.data.transforms import (
     Compose,
     FixedPoints,
     NormalizeScale,
@@ -70,6 +85,7 @@ from sciformer.pointcloud.transforms import (
     build_transforms,
     check_transform_specs,
 )
+from sciformer.errors import DataError
 from sciformer.registry import DATASETS
 
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [

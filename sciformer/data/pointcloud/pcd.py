@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.pointcloud._fields import PointData, fail, from_named_columns
+from sciformer.data.pointcloud.fields import PointData, fail, from_named_columns
+
 
 def lzf_decompress(data: bytes, out_len: int) -> bytes:
     """Decode an LZF stream (as used by PCD ``binary_compressed``) of known output size."""

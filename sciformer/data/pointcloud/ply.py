@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from sciformer.data.pointcloud._fields import PointData, atomic_write_bytes, fail, from_named_columns, triangulate
+from sciformer.data.pointcloud.fields import (
+    PointData,
+    atomic_write_bytes,
+    fail,
+    from_named_columns,
+    triangulate,
+)
 from sciformer.errors import DataError
 
 _PLY_TYPES = {

@@ -38,22 +38,27 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, PredictOptions, default_data_root
-from sciformer.data.pointcloud.io import parse_text_table, read_point_file
+from sciformer.contracts import (
+    BuildContext,
+    DataInfo,
+    PredictFn,
+    PredictOptions,
+    default_data_root,
+)
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.dataset import PointDataset, progress, state_value
+from sciformer.data.pointcloud.io import parse_text_table, read_point_file
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     ArrayScene,
-    check_eval_transform_specs,
-    predict_scene_file,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
+    check_eval_transform_specs,
+    predict_scene_file,
     write_point_predictions,
 )
-from sciformer.data.pointcloud.task import PointDataset, progress, state_value
-from sciformer.errors import ConfigError, DataError
-from sciformer.pointcloud.transforms import (
+from sciformer.data.transforms import (
     CenterShift,
     Compose,
     GridSample,
@@ -63,6 +68,7 @@ from sciformer.pointcloud.transforms import (
     check_transform_specs,
     index_points,
 )
+from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS
 
 S3DIS_CLASSES = [

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from sciformer.data.base import Batch
+from sciformer.contracts import Batch
+from sciformer.data.transforms import Sample
 from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import Sample
 from sciformer.utils.suggest import did_you_mean
 
 FEATURE_CHANNELS = {"coord": 3, "colour": 3, "normal": 3, "intensity": 1, "height": 1}

@@ -19,13 +19,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from sciformer.data.base import Batch, PredictFn, PredictOptions
+from sciformer.contracts import Batch, PredictFn, PredictOptions
 from sciformer.data.pointcloud.cache import cache_key
+from sciformer.data.pointcloud.chunking import (
+    partition_points,
+    predict_chunked,
+    tta_views,
+)
+from sciformer.data.pointcloud.dataset import PointDataset, PointTask
 from sciformer.data.pointcloud.io import write_ply
-from sciformer.data.pointcloud.sample import assemble_features, collate_points, split_by_offset
-from sciformer.data.pointcloud.task import PointDataset, PointTask
-from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import (
+from sciformer.data.pointcloud.sample import (
+    assemble_features,
+    collate_points,
+    split_by_offset,
+)
+from sciformer.data.transforms import (
     CenterShift,
     Compose,
     Sample,
@@ -33,6 +41,7 @@ from sciformer.pointcloud.transforms import (
     grid_sample_indices,
     index_points,
 )
+from sciformer.errors import DataError
 
 
 def check_eval_transform_specs(specs: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -65,31 +74,6 @@ class SceneSource(ABC):
     @abstractmethod
     def load(self, index: int) -> Sample:
         """coord (n, 3) float64, label (n,) int64 and optional colour/intensity/normal."""
-
-
-def partition_points(coord: np.ndarray, max_points: int | None) -> list[np.ndarray]:
-    """Split points into compact parts of at most ``max_points`` (all in one part when None).
-
-    Parts come from recursive median splits along the longer horizontal extent, so
-    they are balanced (more than ``max_points / 2`` points each) and spatially
-    compact. Returns index arrays into ``coord`` that cover every point once.
-    """
-    n = coord.shape[0]
-    if not max_points or n <= max_points:
-        return [np.arange(n)]
-    parts: list[np.ndarray] = []
-    stack = [np.arange(n)]
-    while stack:
-        idx = stack.pop()
-        if len(idx) <= max_points:
-            parts.append(idx)
-            continue
-        xy = coord[idx, :2]  # (k, 2)
-        axis = int(np.argmax(xy.max(axis=0) - xy.min(axis=0)))
-        half = len(idx) // 2
-        order = np.argpartition(xy[:, axis], half)
-        stack.extend([idx[order[half:]], idx[order[:half]]])
-    return parts
 
 
 class SceneEvalDataset(PointDataset):
@@ -249,7 +233,7 @@ def predict_scene(
 ) -> np.ndarray:
     """Predicted class of every original point of ``scene`` (items batched, mapped back).
 
-    With ``overlap > 0`` or test-time ``views`` (see :mod:`sciformer.pointcloud.predict`)
+    With ``overlap > 0`` or test-time ``views`` (see :mod:`sciformer.data.pointcloud.chunking`)
     the grid-sampled scene is predicted in overlapping chunks of at most the dataset's
     ``max_points``, with the softmax of every chunk and view summed per point.
 
@@ -257,7 +241,6 @@ def predict_scene(
     """
     full, keep, inverse, _ = dataset._scene(scene)
     if overlap > 0 or tuple(views) != (None,):
-        from sciformer.pointcloud.predict import predict_chunked  # the model side imports this module
 
         probs = predict_chunked(predict, index_points(full, keep), dataset.prepare, num_classes=num_classes,
                                 max_points=dataset.max_points, overlap=overlap, batch_size=batch_size,
@@ -288,7 +271,6 @@ def predict_scene_file(dataset: SceneEvalDataset, predict: PredictFn, *, batch_s
 
     Shapes: -> (n,) int64, n = the scene's full point count.
     """
-    from sciformer.pointcloud.predict import tta_views  # the model side imports this module
 
     return predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=num_classes,
                          overlap=options.overlap, views=tta_views(options.rotations, options.flip))
@@ -331,7 +313,7 @@ def evaluate_scenes(
                 write_ply(out_dir / f"{name}.ply", np.asarray(full["coord"]), full.get("colour"),
                           pred=pred.astype(np.int32), label=label.astype(np.int32))
             if write_png:
-                from sciformer.pointcloud.render import render_labels
+                from sciformer.data.pointcloud.render import render_labels
 
                 render_labels(out_dir / f"{name}.png", np.asarray(full["coord"]), {"prediction": pred, "truth": label},
                               class_names, max_points=100_000, title=name)

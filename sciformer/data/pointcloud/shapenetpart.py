@@ -29,12 +29,22 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.data.base import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.contracts import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.data.pointcloud.dataset import PointDataset, PointTask, read_list_file
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.sample import check_features, feature_channels, split_by_offset
-from sciformer.data.pointcloud.task import PointDataset, PointTask, read_list_file
+from sciformer.data.pointcloud.sample import (
+    check_features,
+    feature_channels,
+    split_by_offset,
+)
+from sciformer.data.transforms import (
+    Compose,
+    RandomSample,
+    Sample,
+    build_transforms,
+    check_transform_specs,
+)
 from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import Compose, RandomSample, Sample, build_transforms, check_transform_specs
 from sciformer.registry import DATASETS
 
 # Category -> number of parts, in the standard order; part ids are consecutive.

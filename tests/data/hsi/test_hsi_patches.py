@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from sciformer.data.hsi.patches import PatchDataset, iter_scene_batches, pad_cube, predict_scene
+from sciformer.data.hsi.patches import (
+    PatchDataset,
+    iter_scene_batches,
+    pad_cube,
+    predict_scene,
+)
 from sciformer.errors import DataError
 
 

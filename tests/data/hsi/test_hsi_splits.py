@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.io
 
-from sciformer.data.base import default_data_root
+from sciformer.contracts import default_data_root
 from sciformer.data.hsi.splits import (
     block_ids,
     block_split,

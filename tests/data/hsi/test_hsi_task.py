@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from torch.utils.data import DataLoader
 
 from sciformer import registry
-from sciformer.data.base import BuildContext, TaskData, default_data_root
+from sciformer.contracts import BuildContext, TaskData, default_data_root
 from sciformer.data.hsi import task as hsi_task
 from sciformer.data.hsi.task import HSISceneConfig, build_hsi_scene, predict_hsi_file
 from sciformer.errors import ConfigError, DataError

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sciformer.data.base import BuildContext, default_data_root
+from sciformer.contracts import BuildContext, default_data_root
 
 REAL = default_data_root()
 

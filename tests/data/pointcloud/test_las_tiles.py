@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from sciformer.data.base import BuildContext
+from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.lidar import LasTilesConfig, build_las_tiles, code_table
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -168,7 +168,7 @@ def test_state_is_weights_only_safe(root: Path, ctx: BuildContext, tmp_path: Pat
 
 
 def test_predictor_options_views_and_overlap(root: Path, ctx: BuildContext, tmp_path: Path) -> None:
-    from sciformer.data.base import PredictOptions
+    from sciformer.contracts import PredictOptions
     from sciformer.data.pointcloud.lidar import predict_las_file
     from sciformer.errors import SciformerError
 
@@ -193,7 +193,7 @@ def test_predictor_options_views_and_overlap(root: Path, ctx: BuildContext, tmp_
 
 
 def test_predict_options_are_validated() -> None:
-    from sciformer.data.base import PredictOptions
+    from sciformer.contracts import PredictOptions
     from sciformer.errors import SciformerError
 
     with pytest.raises(SciformerError, match="--overlap must be between 0 and 4"):

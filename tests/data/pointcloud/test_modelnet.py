@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from torch.utils.data import DataLoader
 
-from sciformer.data.base import BuildContext
+from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.modelnet import ModelNetConfig, build_modelnet
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -191,7 +191,7 @@ def test_predictor_votes_average_augmented_copies(tmp_path: Path, fakes, ctx: Bu
 
     import torch
 
-    from sciformer.data.base import PredictOptions
+    from sciformer.contracts import PredictOptions
     from sciformer.data.pointcloud.modelnet import predict_modelnet_file
     from sciformer.errors import SciformerError
 

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.cache import (
+    cache_key,
+    file_identity,
+    load_arrays,
+    save_arrays_atomic,
+)
 
 
 def test_cache_key_stable_and_sensitive(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sciformer.data.pointcloud._fields import triangulate
+from sciformer.data.pointcloud.fields import triangulate
 from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.mesh import read_off, sample_mesh_surface
 from sciformer.errors import DataError

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from sciformer.data.pointcloud.sample import assemble_features, check_features, collate_points, split_by_offset
+from sciformer.data.pointcloud.sample import (
+    assemble_features,
+    check_features,
+    collate_points,
+    split_by_offset,
+)
 from sciformer.errors import DataError
 
 

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
+from sciformer.data.pointcloud.chunking import partition_points
 from sciformer.data.pointcloud.sample import collate_points
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,
     SceneSource,
     confusion_matrix,
     evaluate_scenes,
-    partition_points,
     segmentation_metrics,
 )
+from sciformer.data.transforms import Compose
 from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import Compose
 
 
 def test_partition_points_balanced_and_complete() -> None:
@@ -81,7 +81,7 @@ def test_scene_eval_maps_back_to_every_point(tmp_path: Path) -> None:
 
 
 def test_scene_eval_rejects_point_changing_transforms(tmp_path: Path) -> None:
-    from sciformer.pointcloud.transforms import ShufflePoints, RandomDropout
+    from sciformer.data.transforms import RandomDropout, ShufflePoints
 
     ds = SceneEvalDataset(_Toy(), grid_size=None, max_points=None, part_z="min",
                           transform=Compose([RandomDropout(0.5, p=1.0), ShufflePoints()]), features=[], seed=0)

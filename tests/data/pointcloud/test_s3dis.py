@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from sciformer.data.base import BuildContext
+from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.s3dis import S3DIS_CLASSES, S3DISConfig, build_s3dis
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS

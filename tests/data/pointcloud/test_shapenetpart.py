@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sciformer.data.base import BuildContext
+from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.shapenetpart import (
     CATEGORY_NAMES,
     CATEGORY_PARTS,

@@ -42,7 +42,7 @@ def default_data_root() -> Path:
     env = os.environ.get("SCIFORMER_DATA")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def default_cache_dir() -> Path:

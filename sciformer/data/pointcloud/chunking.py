@@ -2,7 +2,7 @@
 
 A cloud of any size is covered by *chunks* of at most ``max_points`` points. Each chunk is
 a compact *core* (the cloud split by recursive median cuts, see
-:func:`sciformer.data.pointcloud.scenes.partition_points`) plus its nearest surrounding
+:func:`partition_points`) plus its nearest surrounding
 points as context (``overlap``: context points per core point), so points near a core's
 border are also seen with their neighbourhood from another chunk. The softmax of every
 chunk (and of every test-time view) is summed per original point and normalised::
@@ -22,13 +22,43 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sciformer.data.base import Batch, PredictFn
+from sciformer.contracts import Batch, PredictFn
 from sciformer.data.pointcloud.sample import collate_points
-from sciformer.data.pointcloud.scenes import partition_points
+from sciformer.data.transforms import (
+    RandomFlip,
+    RandomRotate,
+    Sample,
+    Transform,
+    index_points,
+)
 from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import RandomFlip, RandomRotate, Sample, Transform, index_points
 
 __all__ = ["Chunk", "plan_chunks", "predict_chunked", "tta_views"]
+
+
+def partition_points(coord: np.ndarray, max_points: int | None) -> list[np.ndarray]:
+    """Split points into compact parts of at most ``max_points`` (all in one part when None).
+
+    Parts come from recursive median splits along the longer horizontal extent, so
+    they are balanced (more than ``max_points / 2`` points each) and spatially
+    compact. Returns index arrays into ``coord`` that cover every point once.
+    """
+    n = coord.shape[0]
+    if not max_points or n <= max_points:
+        return [np.arange(n)]
+    parts: list[np.ndarray] = []
+    stack = [np.arange(n)]
+    while stack:
+        idx = stack.pop()
+        if len(idx) <= max_points:
+            parts.append(idx)
+            continue
+        xy = coord[idx, :2]  # (k, 2)
+        axis = int(np.argmax(xy.max(axis=0) - xy.min(axis=0)))
+        half = len(idx) // 2
+        order = np.argpartition(xy[:, axis], half)
+        stack.extend([idx[order[half:]], idx[order[:half]]])
+    return parts
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from sciformer.data.base import SPLITS, Batch, DataInfo, TaskData
+from sciformer.contracts import SPLITS, Batch, DataInfo, TaskData
 from sciformer.data.pointcloud.sample import assemble_features, collate_points
+from sciformer.data.transforms import Compose, Sample
 from sciformer.errors import DataError
-from sciformer.pointcloud.transforms import Compose, Sample
 
 
 def progress(iterable: Any, desc: str, total: int | None = None) -> Any:

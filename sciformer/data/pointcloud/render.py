@@ -1,7 +1,7 @@
 """PNG pictures of labelled point clouds: top view and/or 3D view, one colour per class.
 
 Rendering uses matplotlib's Agg canvas directly (no display, no global backend change).
-Class ``k`` takes colour ``k + 1`` of :func:`sciformer.data.hsi.export.class_colors` (the
+Class ``k`` takes colour ``k + 1`` of :func:`sciformer.data.palette.class_colors` (the
 palette of the hyperspectral maps); ignored points (label < 0) are grey. Clouds larger
 than ``max_points`` are drawn from a seeded random subset of points::
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.hsi.export import class_colors
+from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
 
 __all__ = ["render_labels", "label_figure"]

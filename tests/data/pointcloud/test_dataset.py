@@ -6,9 +6,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from sciformer.data.pointcloud.dataset import PointDataset, stratified_holdout
 from sciformer.data.pointcloud.sample import collate_points
-from sciformer.data.pointcloud.task import PointDataset, stratified_holdout
-from sciformer.pointcloud.transforms import Compose, RandomRotate
+from sciformer.data.transforms import Compose, RandomRotate
 
 
 def test_stratified_holdout() -> None:

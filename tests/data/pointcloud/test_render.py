@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sciformer.data.pointcloud.render import label_figure, render_labels
 from sciformer.errors import DataError
-from sciformer.pointcloud.render import label_figure, render_labels
 
 NAMES = ["ground", "vegetation", "building", "other"]
 

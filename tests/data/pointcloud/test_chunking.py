@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from sciformer.data.base import DataInfo
+from sciformer.contracts import DataInfo
+from sciformer.data.pointcloud.chunking import plan_chunks, predict_chunked, tta_views
 from sciformer.data.pointcloud.sample import assemble_features, collate_points
 from sciformer.data.pointcloud.scenes import ArrayScene, SceneEvalDataset, predict_scene
+from sciformer.data.transforms import CenterShift
 from sciformer.errors import DataError
-from sciformer.pointcloud.predict import plan_chunks, predict_chunked, tta_views
-from sciformer.pointcloud.transforms import CenterShift
 from sciformer.registry import MODELS
 
 

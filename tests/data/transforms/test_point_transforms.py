@@ -9,8 +9,7 @@ import pytest
 import torch
 from pydantic import AfterValidator, BaseModel, ValidationError
 
-from sciformer.errors import ConfigError, DataError
-from sciformer.pointcloud.transforms import (
+from sciformer.data.transforms import (
     CenterShift,
     ChromaticAutoContrast,
     ChromaticJitter,
@@ -32,6 +31,7 @@ from sciformer.pointcloud.transforms import (
     grid_sample_indices,
     transform_names,
 )
+from sciformer.errors import ConfigError, DataError
 
 
 def make_sample(n: int = 200, seed: int = 0) -> dict[str, np.ndarray]:

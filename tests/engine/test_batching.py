@@ -1,4 +1,4 @@
-from sciformer.engine.sampling import EpochBatchSampler
+from sciformer.engine.batching import EpochBatchSampler
 
 
 def test_epoch_order_reproducible_and_resumable() -> None:
