@@ -129,7 +129,7 @@ def test_knn_fill_policies_for_small_clouds(backend):
 
 @pytest.mark.parametrize("backend", ["scipy"] + CPU_BACKENDS[2:])
 def test_spatially_sorted_query_path_matches_ckdtree(backend, monkeypatch):
-    monkeypatch.setattr(importlib.import_module("sciformer.geometry.knn"), "_SPATIAL_SORT_MIN", 1000)
+    monkeypatch.setattr(importlib.import_module("sciformer.geometry.knn_backends"), "_SPATIAL_SORT_MIN", 1000)
     rng = np.random.default_rng(5)
     pts, off = random_batch(rng, [3000, 500, 2500])  # clouds 0 and 2 take the Morton-sorted path
     x, o = torch.from_numpy(pts), torch.from_numpy(off)

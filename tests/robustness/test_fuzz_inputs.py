@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sciformer import config
 from sciformer.data.hsi.readers import read_scene
 from sciformer.data.pointcloud.io import read_point_file
-from sciformer.data.pointcloud.modelnet import load_h5_layout
+from sciformer.data.pointcloud.modelnet_layouts import load_h5_layout
 from sciformer.errors import ConfigError, SciformerError
 from sciformer.utils import yamlio
 

@@ -21,20 +21,17 @@ MATLAB as ``H x W x B`` comes back ``(H, W, B)``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from sciformer.data.hsi.containers import (
+    Container,
+    fmt_shape,
+    open_container,
+)
 from sciformer.errors import DataError
-
-MAT_SUFFIXES = (".mat",)
-ENVI_SUFFIXES = (".hdr",)
-NPY_SUFFIXES = (".npy", ".npz")
-LAN_SUFFIXES = (".lan",)
-SUPPORTED = ".mat (v5/v7.3), .hdr (+ data file), .img/.dat/.raw with a .hdr beside, .lan, .npy, .npz"
 
 LabelMode = Literal["required", "optional", "none"]
 
@@ -81,238 +78,16 @@ class Scene:
         )
 
 
-# ----------------------------------------------------------------------------- containers
-
-
-@dataclass
-class _ArrayInfo:
-    shape: tuple[int, ...]
-    kind: str  # numpy dtype kind: 'u', 'i', 'f', 'b', ...
-
-
-class _Container:
-    """Named arrays of one file; shapes known up front, arrays loaded on demand."""
-
-    def __init__(
-        self,
-        path: Path,
-        arrays: dict[str, _ArrayInfo],
-        loader: Callable[[str], np.ndarray],
-        wavelengths: np.ndarray | None = None,
-        class_names: list[str] | None = None,
-    ) -> None:
-        self.path = path
-        self.arrays = arrays
-        self._loader = loader
-        self.wavelengths = wavelengths
-        self.class_names = class_names
-
-    def keys(self) -> list[str]:
-        return list(self.arrays)
-
-    def load(self, key: str) -> np.ndarray:
-        if key not in self.arrays:
-            raise DataError(f"{self.path}: no array '{key}'; available keys: {self._listing()}")
-        try:
-            return np.asarray(self._loader(key))
-        except DataError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file
-            raise DataError(
-                f"{self.path}: cannot read array '{key}'; the file looks truncated or damaged ({_short(exc)})"
-            ) from exc
-
-    def _listing(self) -> str:
-        if not self.arrays:
-            return "(none)"
-        return ", ".join(f"{k} {_fmt_shape(v.shape)}" for k, v in self.arrays.items())
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:200]
-
-
-def _fmt_shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ")"
-
-
-_NUMERIC_KINDS = "uifb"
-_MATLAB_NUMERIC = {
-    "double", "single", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-    "int64", "uint64", "logical",
-}
-
-
-def _open_mat_v5(path: Path) -> _Container:
-    import scipy.io
-
-    try:
-        listing = scipy.io.whosmat(str(path))
-    except Exception as exc:  # noqa: BLE001
-        raise DataError(f"{path}: not a readable MATLAB .mat file: {_short(exc)}") from exc
-    arrays: dict[str, _ArrayInfo] = {}
-    for name, shape, mclass in listing:
-        if mclass not in _MATLAB_NUMERIC:
-            continue
-        kind = "f" if mclass in ("double", "single") else ("b" if mclass == "logical" else "i")
-        arrays[name] = _ArrayInfo(tuple(int(s) for s in shape), kind)
-
-    def load(key: str) -> np.ndarray:
-        return scipy.io.loadmat(str(path), variable_names=[key])[key]
-
-    return _Container(path, arrays, load)
-
-
-def _open_mat_v73(path: Path) -> _Container:
-    import h5py
-
-    arrays: dict[str, _ArrayInfo] = {}
-    try:
-        with h5py.File(path, "r") as f:
-            for name, obj in f.items():
-                if not isinstance(obj, h5py.Dataset) or name.startswith("#"):
-                    continue
-                mclass = obj.attrs.get("MATLAB_class", b"")
-                mclass = mclass.decode() if isinstance(mclass, bytes) else str(mclass)
-                if mclass and mclass not in _MATLAB_NUMERIC:
-                    continue  # char, cell, struct references
-                if obj.dtype.kind not in _NUMERIC_KINDS:
-                    continue
-                if obj.attrs.get("MATLAB_empty", 0):
-                    continue
-                kind = "b" if mclass == "logical" else obj.dtype.kind
-                arrays[name] = _ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind)
-    except Exception as exc:  # noqa: BLE001 - h5py reports damage as OSError, RuntimeError, KeyError, ...
-        raise DataError(f"{path}: not a readable MATLAB v7.3 (HDF5) file: {_short(exc)}") from exc
-
-    def load(key: str) -> np.ndarray:
-        with h5py.File(path, "r") as f:
-            data = f[key][()]  # MATLAB column-major: axes reversed on disk
-        return np.ascontiguousarray(np.asarray(data).T)
-
-    return _Container(path, arrays, load)
-
-
-def _open_npy(path: Path) -> _Container:
-    try:
-        if path.suffix.lower() == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: _ArrayInfo(tuple(z[k].shape), z[k].dtype.kind) for k in z.files}
-
-            def load(key: str) -> np.ndarray:
-                with np.load(path, allow_pickle=False) as z:
-                    return z[key]
-
-            return _Container(path, arrays, load)
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001
-        raise DataError(f"{path}: not a readable .npy/.npz file: {_short(exc)}") from exc
-    key = path.stem
-    info = _ArrayInfo(tuple(int(s) for s in arr.shape), arr.dtype.kind)
-    return _Container(path, {key: info}, lambda _k: np.array(arr))
-
-
-def _spy_to_container(path: Path, img: Any) -> _Container:
-    """Wrap an opened spectral SpyFile (ENVI or ERDAS) as a one-array container."""
-    shape = (int(img.nrows), int(img.ncols), int(img.nbands))
-    meta = getattr(img, "metadata", {}) or {}
-    is_class = str(meta.get("file type", "")).lower() == "envi classification"
-    kind = np.dtype(img.dtype).kind
-    wavelengths = None
-    centers = getattr(getattr(img, "bands", None), "centers", None)
-    if centers is not None and len(centers) == shape[2]:
-        wavelengths = np.asarray(centers, dtype=np.float64)
-    class_names = None
-    if is_class and "class names" in meta:
-        names = [str(n).strip() for n in meta["class names"]]
-        class_names = names[1:] if names and names[0].lower() in ("unclassified", "unlabelled", "unlabeled") else names
-    key = path.stem
-    arr_shape = shape[:2] if shape[2] == 1 else shape  # one band: a label map
-
-    def load(_key: str) -> np.ndarray:
-        data = np.array(img.open_memmap(interleave="bip"))  # (H, W, B) native dtype
-        return data[:, :, 0] if len(arr_shape) == 2 else data
-
-    return _Container(path, {key: _ArrayInfo(arr_shape, kind)}, load, wavelengths, class_names)
-
-
-def _open_envi(header: Path, data_file: Path | None) -> _Container:
-    import spectral.io.envi as envi
-
-    try:
-        img = envi.open(str(header), None if data_file is None else str(data_file))
-    except Exception as exc:  # noqa: BLE001
-        raise DataError(f"{header}: not a readable ENVI header/data pair: {_short(exc)}") from exc
-    _check_envi_size(header, img)
-    return _spy_to_container(data_file or header, img)
-
-
-def _check_envi_size(header: Path, img: Any) -> None:
-    """The data file must hold what the header describes (a short file fails later, vaguely)."""
-    try:
-        need = int(img.offset) + int(img.nrows) * int(img.ncols) * int(img.nbands) * int(img.sample_size)
-        have = os.path.getsize(img.filename)
-    except (AttributeError, TypeError, ValueError, OSError):
-        return
-    if have < need:
-        raise DataError(
-            f"{img.filename}: ENVI data file has {have} bytes; header {header.name} describes "
-            f"{img.nrows} lines x {img.ncols} samples x {img.nbands} bands of {img.sample_size} bytes = {need} bytes"
-        )
-
-
-def _open_lan(path: Path) -> _Container:
-    import spectral
-
-    try:
-        img = spectral.open_image(str(path))
-    except Exception as exc:  # noqa: BLE001
-        raise DataError(f"{path}: not a readable ERDAS .lan file: {_short(exc)}") from exc
-    return _spy_to_container(path, img)
-
-
-def _envi_header_for(path: Path) -> Path | None:
-    for cand in (Path(str(path) + ".hdr"), path.with_suffix(".hdr"), path.with_suffix(".HDR")):
-        if cand.is_file() and cand != path:
-            return cand
-    return None
-
-
-def open_container(path: str | os.PathLike[str]) -> _Container:
-    """Open ``path`` and list its numeric arrays (nothing is loaded yet)."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"{p}: file not found")
-    if not p.is_file():
-        raise DataError(f"{p}: not a file (a directory?); expected an image or label file")
-    suffix = p.suffix.lower()
-    if suffix in MAT_SUFFIXES:
-        import h5py
-
-        return _open_mat_v73(p) if h5py.is_hdf5(str(p)) else _open_mat_v5(p)
-    if suffix in NPY_SUFFIXES:
-        return _open_npy(p)
-    if suffix in ENVI_SUFFIXES:
-        return _open_envi(p, None)
-    if suffix in LAN_SUFFIXES:
-        return _open_lan(p)
-    header = _envi_header_for(p)
-    if header is not None:
-        return _open_envi(header, p)
-    raise DataError(f"{p}: unsupported file type '{p.suffix}'; supported: {SUPPORTED}")
-
-
 # ----------------------------------------------------------------------------- key choice
 
 
-def _pick_image_key(c: _Container, image_key: str | None) -> str:
+def _pick_image_key(c: Container, image_key: str | None) -> str:
     if image_key is not None:
         if image_key not in c.arrays:
             raise DataError(f"{c.path}: image_key '{image_key}' not found; available keys: {c._listing()}")
         if len(c.arrays[image_key].shape) != 3:
             raise DataError(
-                f"{c.path}: image_key '{image_key}' has shape {_fmt_shape(c.arrays[image_key].shape)}; "
+                f"{c.path}: image_key '{image_key}' has shape {fmt_shape(c.arrays[image_key].shape)}; "
                 "expected a 3-D (H, W, B) cube"
             )
         return image_key
@@ -339,7 +114,7 @@ def _is_integral(arr: np.ndarray) -> bool:
 
 
 def _pick_label_key(
-    c: _Container, label_key: str | None, hw: tuple[int, int] | None, exclude: str | None, mode: LabelMode
+    c: Container, label_key: str | None, hw: tuple[int, int] | None, exclude: str | None, mode: LabelMode
 ) -> str | None:
     if label_key is not None:
         if label_key not in c.arrays:
@@ -366,7 +141,7 @@ def _pick_label_key(
     return None
 
 
-def _pick_wavelengths(c: _Container, key: str | None, bands: int) -> np.ndarray | None:
+def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray | None:
     if key is not None:
         arr = c.load(key).astype(np.float64).ravel()
         if arr.size != bands:
@@ -390,7 +165,7 @@ def validate_labels(gt: np.ndarray, where: str) -> np.ndarray:
     if gt.ndim == 3 and gt.shape[2] == 1:
         gt = gt[:, :, 0]
     if gt.ndim != 2:
-        raise DataError(f"{where}: label map has shape {_fmt_shape(gt.shape)}; expected 2-D (H, W)")
+        raise DataError(f"{where}: label map has shape {fmt_shape(gt.shape)}; expected 2-D (H, W)")
     if not _is_integral(gt):
         raise DataError(f"{where}: label map has non-integer or non-finite values; expected integer class ids")
     out = np.ascontiguousarray(gt, dtype=np.int64)  # (H, W)
@@ -403,11 +178,11 @@ def validate_cube(cube: np.ndarray, where: str) -> np.ndarray:
     """Check a cube (3-D, numeric, finite) and return it unchanged (native dtype)."""
     cube = np.asarray(cube)
     if cube.ndim != 3:
-        raise DataError(f"{where}: image has shape {_fmt_shape(cube.shape)}; expected 3-D (H, W, B)")
+        raise DataError(f"{where}: image has shape {fmt_shape(cube.shape)}; expected 3-D (H, W, B)")
     if cube.dtype.kind not in "uif":
         raise DataError(f"{where}: image dtype {cube.dtype} is not numeric")
     if min(cube.shape) == 0:
-        raise DataError(f"{where}: image has an empty axis, shape {_fmt_shape(cube.shape)}")
+        raise DataError(f"{where}: image has an empty axis, shape {fmt_shape(cube.shape)}")
     if cube.dtype.kind == "f":
         bad = ~np.isfinite(cube)
         if bad.any():

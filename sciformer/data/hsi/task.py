@@ -31,27 +31,26 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sciformer.contracts import (
     Batch,
     BuildContext,
     DataInfo,
     PredictFn,
-    PredictOptions,
     TaskData,
 )
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
+from sciformer.data.hsi.config import AugmentConfig, HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
+from sciformer.data.hsi.predict import predict_hsi_file
 from sciformer.data.hsi.readers import (
     Scene,
-    list_arrays,
     open_container,
     read_labels,
     read_scene,
@@ -60,136 +59,6 @@ from sciformer.data.hsi.readers import (
 from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS
-
-# ----------------------------------------------------------------------------- config
-
-_FIXED_ONLY = ("train_path", "test_path", "train_key", "test_key")
-_STRATIFIED_ONLY = ("train_per_class",)
-_BLOCKS_ONLY = ("block_size", "train_fraction", "margin")
-
-
-class SplitConfig(BaseModel):
-    """How labelled pixels are divided into train / val / test."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["fixed", "stratified", "blocks"] = "blocks"
-    # fixed: label maps of the training and test pixels (test_path defaults to train_path)
-    train_path: str | None = None
-    test_path: str | None = None
-    train_key: str | None = None  # null: 'TR' if present, else the only 2-D integer array
-    test_key: str | None = None  # null: 'TE' if present, else the only 2-D integer array
-    # stratified: int = pixels per class, float in (0, 1) = fraction per class
-    train_per_class: int | float = 0.1
-    # blocks
-    block_size: int = Field(12, ge=1)
-    train_fraction: float = Field(0.5, gt=0.0, lt=1.0)
-    margin: int | None = Field(None, ge=0)
-    # validation, from training pixels only
-    val_fraction: float | None = Field(0.1, ge=0.0, lt=1.0)
-    val_per_class: int | None = Field(None, ge=0)
-    seed: int | None = None
-
-    @field_validator("train_per_class", mode="before")
-    @classmethod
-    def _count_or_fraction(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("expected an int count or a float fraction in (0, 1), got a boolean")
-        return v
-
-    @field_validator("train_per_class")
-    @classmethod
-    def _check_train_per_class(cls, v: int | float) -> int | float:
-        if isinstance(v, int):
-            if v < 1:
-                raise ValueError(f"an int is a pixel count per class and must be >= 1, got {v}")
-        elif not 0.0 < v < 1.0:
-            raise ValueError(f"a float is a fraction per class and must be in (0, 1), got {v}; use an int for a count")
-        return v
-
-    @model_validator(mode="after")
-    def _check_kind_options(self) -> SplitConfig:
-        given = self.model_fields_set
-        own = {"fixed": _FIXED_ONLY, "stratified": _STRATIFIED_ONLY, "blocks": _BLOCKS_ONLY}
-        fields = type(self).model_fields
-        for kind, keys in own.items():
-            if kind == self.kind:
-                continue
-            for key in keys:  # a dumped config repeats defaults: only a changed value is an error
-                if key in given and getattr(self, key) != fields[key].default:
-                    raise ValueError(f"split.{key} applies to kind '{kind}', not to kind '{self.kind}'")
-        if self.kind == "fixed" and not self.train_path:
-            raise ValueError("split.train_path is required for kind 'fixed' (a file with the training label map)")
-        if "val_per_class" in given and self.val_per_class is not None:
-            if "val_fraction" in given and self.val_fraction is not None:
-                raise ValueError("give split.val_fraction or split.val_per_class, not both")
-            self.val_fraction = None
-        return self
-
-
-class AugmentConfig(BaseModel):
-    """Random flips / 90-degree rotations of training patches."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    flip: bool = True
-    rotate: bool = True
-
-
-class HSISceneConfig(BaseModel):
-    """Parameters of the ``hsi_scene`` dataset (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = "indian_pines"
-    image_key: str | None = None
-    label_key: str | None = None
-    label_path: str | None = None
-    wavelength_key: str | None = None
-    class_names: list[str] | None = None
-    patch_size: int = 7
-    padding: Literal["reflect", "symmetric", "edge", "zero"] = "reflect"
-    normalise: Literal["standard", "minmax", "none"] = "standard"
-    pca_components: int | None = Field(None, ge=1)
-    split: SplitConfig = Field(default_factory=SplitConfig)
-    augment: AugmentConfig = Field(default_factory=AugmentConfig)
-
-    @field_validator("source")
-    @classmethod
-    def _non_empty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("expected a built-in scene name (indian_pines) or a file path")
-        return v
-
-    @field_validator("patch_size")
-    @classmethod
-    def _odd(cls, v: int) -> int:
-        if v < 1 or v % 2 == 0:
-            raise ValueError(f"expected a positive odd integer (1, 3, 5, 7, ...), got {v}")
-        return v
-
-    @field_validator("class_names")
-    @classmethod
-    def _names(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            if not v:
-                raise ValueError("expected a non-empty list of class names")
-            dup = sorted({n for n in v if v.count(n) > 1})
-            if dup:
-                raise ValueError(f"duplicate class names: {', '.join(dup)}")
-        return v
-
-    @field_validator("augment", mode="before")
-    @classmethod
-    def _augment_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            return {"flip": v, "rotate": v}
-        return v
-
-    @property
-    def margin(self) -> int:
-        return self.patch_size // 2 if self.split.margin is None else self.split.margin
-
 
 # ----------------------------------------------------------------------------- building
 
@@ -445,84 +314,6 @@ class HSISceneTask(TaskData):
             f"channels={self.info.in_channels}, patch_size={self.cfg.patch_size}, "
             f"split={self.split.protocol.get('kind')!r}, train={c['train']}, val={c['val']}, test={c['test']})"
         )
-
-
-# ----------------------------------------------------------------------------- predictor
-
-
-_PRED_SUFFIXES = (".npy", ".png", ".hdr", ".img")
-
-
-def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> Scene:
-    if is_builtin(str(input_path)) and not input_path.exists():
-        return load_builtin(str(input_path))
-    keys = list_arrays(input_path)
-    image_key = cfg.image_key if cfg.image_key in keys else None
-    scene = read_scene(input_path, image_key, labels="none")
-    try:  # a label map in the same file only decorates the PNG
-        scene.gt = read_labels(input_path, None, scene.cube.shape[:2])
-    except DataError:
-        scene.gt = None
-    return scene
-
-
-def predict_hsi_file(
-    cfg: HSISceneConfig,
-    state: dict[str, Any],
-    predict: PredictFn,
-    input_path: Path,
-    output_path: Path,
-    batch_size: int,
-    *,
-    options: PredictOptions | None = None,
-) -> Path:
-    """Predict every pixel of a cube file with a trained model; write the map.
-
-    The output format follows ``output_path``'s suffix: ``.npy`` (label map, 0 =
-    unclassified, classes 1..K), ``.png`` (map with legend, ground truth beside it when
-    the file has one; plus a ``.npy`` sibling) or ``.hdr``/``.img`` (ENVI classification
-    file; plus a ``.npy`` sibling).
-    """
-    (options or PredictOptions()).require_defaults("hsi_scene", "overlap", "rotations", "flip", "votes")
-    input_path, output_path = Path(input_path), Path(output_path)
-    suffix = output_path.suffix.lower()
-    if suffix not in _PRED_SUFFIXES:
-        raise DataError(
-            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(_PRED_SUFFIXES)}"
-        )
-    try:
-        norm = Normalizer.from_state(state["normaliser"])
-        class_names = [str(n) for n in state["class_names"]]
-        patch_size = int(state["patch_size"])
-        padding = str(state.get("padding", cfg.padding))
-        in_bands = int(state["in_bands"])
-    except KeyError as exc:
-        raise DataError(f"checkpoint data state: missing key {exc.args[0]!r}; not an hsi_scene checkpoint") from exc
-    scene = _read_for_prediction(cfg, input_path)
-    if scene.num_bands != in_bands:
-        raise DataError(
-            f"{input_path}: the cube has {scene.num_bands} bands but the model was trained on {in_bands} bands"
-        )
-    padded = pad_cube(norm.transform(scene.cube), patch_size, padding)  # (C, H + 2r, W + 2r)
-    wl = state.get("wavelengths")
-    wavelength = torch.as_tensor(wl, dtype=torch.float32) if wl is not None else None
-
-    def make_batch(patches: torch.Tensor) -> Batch:
-        batch: Batch = {"patch": patches}
-        if wavelength is not None:
-            batch["wavelength"] = wavelength
-        return batch
-
-    ids = predict_scene(predict, padded, patch_size, batch_size, make_batch=make_batch)  # (H, W)
-    label_map = ids + 1
-    if suffix == ".npy":
-        return save_map_npy(output_path, label_map)
-    save_map_npy(output_path.with_suffix(".npy"), label_map)
-    if suffix == ".png":
-        gt = scene.gt if scene.gt is not None and scene.gt.max() <= len(class_names) else None
-        return save_map_png(output_path, label_map, class_names, gt=gt)
-    save_map_envi(output_path.with_suffix(".hdr"), label_map, class_names)
-    return output_path
 
 
 @DATASETS.register("hsi_scene", config=HSISceneConfig, predictor=predict_hsi_file)
