@@ -20,27 +20,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sciformer.attention.neighborhood import check_neighbor_index
+from sciformer.attention.layers import EdgeMLP, norm_layer
+from sciformer.attention.neighbor_index import check_neighbor_index
+from sciformer.attention.positional import PositionMLP
 from sciformer.errors import ConfigError, DataError
 
 __all__ = ["GroupedVectorAttention"]
 
 _NORMS = ("batch", "layer")
-
-
-def _norm(kind: str, channels: int) -> nn.Module:
-    return nn.BatchNorm1d(channels) if kind == "batch" else nn.LayerNorm(channels)
-
-
-class _EdgeMLP(nn.Sequential):
-    """Linear-Norm-ReLU-Linear applied to the last dim of (..., C_in) tensors (edges flattened for the norm)."""
-
-    def __init__(self, in_channels: int, hidden: int, out_channels: int, norm: str) -> None:
-        super().__init__(nn.Linear(in_channels, hidden), _norm(norm, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape[:-1]
-        return super().forward(x.reshape(-1, x.shape[-1])).reshape(*shape, -1)  # (..., C_out)
 
 
 class GroupedVectorAttention(nn.Module):
@@ -104,12 +91,12 @@ class GroupedVectorAttention(nn.Module):
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ConfigError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
         self.channels, self.groups, self.chunk_size = channels, groups, chunk_size
-        self.linear_q = nn.Sequential(nn.Linear(channels, channels, bias=qkv_bias), _norm(norm, channels), nn.ReLU(inplace=True))
-        self.linear_k = nn.Sequential(nn.Linear(channels, channels, bias=qkv_bias), _norm(norm, channels), nn.ReLU(inplace=True))
+        self.linear_q = nn.Sequential(nn.Linear(channels, channels, bias=qkv_bias), norm_layer(norm, channels), nn.ReLU(inplace=True))
+        self.linear_k = nn.Sequential(nn.Linear(channels, channels, bias=qkv_bias), norm_layer(norm, channels), nn.ReLU(inplace=True))
         self.linear_v = nn.Linear(channels, channels, bias=qkv_bias)
-        self.linear_p_multiplier = _EdgeMLP(3, channels, channels, norm) if pe_multiplier else None
-        self.linear_p_bias = _EdgeMLP(3, channels, channels, norm) if pe_bias else None
-        self.weight_encoding = _EdgeMLP(channels, groups, groups, norm)
+        self.linear_p_multiplier = PositionMLP(3, channels, channels, norm) if pe_multiplier else None  # relative xyz
+        self.linear_p_bias = PositionMLP(3, channels, channels, norm) if pe_bias else None
+        self.weight_encoding = EdgeMLP(channels, groups, groups, norm)
         self.attn_drop = nn.Dropout(attn_drop)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, rows: Tensor, idx: Tensor) -> Tensor:

@@ -12,6 +12,9 @@ functions in ``_neighborhood_fused`` and ``_neighborhood_ops``), and BatchNorm o
 N*k edges is folded into per-point tensors analytically (``_neighborhood_norm``). On CPU
 the chunks are spread over worker threads (``_neighborhood_parallel``).
 ``memory_efficient=False`` is the plain gather implementation, kept as a reference.
+An index with -1 padding (the contract of :mod:`sciformer.attention.neighbor_index`)
+takes a plain path over the valid edges only. The residual block around the layer is
+:class:`~sciformer.attention.point_block.PointTransformerBlock`.
 """
 
 from __future__ import annotations
@@ -33,65 +36,20 @@ from sciformer.attention._neighborhood_norm import (
     uses_batch_stats,
 )
 from sciformer.attention._neighborhood_ops import auto_chunk_size, chunked_edge_map
-from sciformer.attention.blocks import DropPath
+from sciformer.attention.layers import norm_layer
+from sciformer.attention.neighbor_index import (
+    check_neighbor_index,
+    check_points,
+    has_padding,
+)
+from sciformer.attention.positional import PositionMLP
 from sciformer.errors import ConfigError, DataError
 
-__all__ = ["PointTransformerLayer", "PointTransformerBlock", "check_neighbor_index"]
+__all__ = ["PointTransformerLayer", "check_neighbor_index"]
 
 _MODES = ("vector", "scalar")
 _POSITION_ENCODINGS = ("mlp", "linear")
-_NORMS = ("batch", "layer")
-
-
-def _norm(kind: str, channels: int) -> nn.Module:
-    return nn.BatchNorm1d(channels) if kind == "batch" else nn.LayerNorm(channels)
-
-
-def check_neighbor_index(
-    idx: Tensor, num_queries: int, num_sources: int, name: str = "idx", *, allow_padding: bool = False
-) -> Tensor:
-    """Validate a neighbour index and return it as a contiguous int64 tensor.
-
-    Raises :class:`~sciformer.errors.DataError` (one line) unless ``idx`` is an integer
-    tensor of shape (num_queries, k), k >= 1, with values in [0, num_sources) (or -1,
-    padding, with ``allow_padding``).
-
-    Shapes:
-        idx: (N, k) -> (N, k) int64
-    """
-    if not isinstance(idx, Tensor):
-        raise DataError(f"{name} must be a torch.Tensor of shape (N, k), got {type(idx).__name__}")
-    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-        raise DataError(f"{name} must be an integer tensor (int64), got dtype {idx.dtype}")
-    if idx.ndim != 2 or idx.shape[0] != num_queries or idx.shape[1] < 1:
-        raise DataError(
-            f"{name} must have shape (N={num_queries}, k>=1), got {tuple(idx.shape)}"
-        )
-    if idx.numel() > 0:
-        lo_t, hi_t = torch.aminmax(idx)
-        lo, hi = int(lo_t), int(hi_t)
-        low = -1 if allow_padding else 0
-        if lo < low or hi >= num_sources:
-            padding = " (-1 = padding)" if allow_padding else ""
-            raise DataError(
-                f"{name} values must lie in [{low}, {num_sources}){padding}, got min {lo} and max {hi}"
-            )
-    return idx.to(torch.long).contiguous()
-
-
-def _check_points(x: Tensor, pos: Tensor, in_channels: int) -> None:
-    if not isinstance(x, Tensor) or x.ndim != 2 or x.shape[1] != in_channels:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise DataError(f"x must have shape (N, in_channels={in_channels}), got {shape}")
-    if x.shape[0] == 0:
-        raise DataError("x must contain at least one point, got 0 rows")
-    if not x.dtype.is_floating_point:
-        raise DataError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    if not isinstance(pos, Tensor) or pos.ndim != 2 or pos.shape != (x.shape[0], 3):
-        shape = tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__
-        raise DataError(f"pos must have shape (N={x.shape[0]}, 3), got {shape}")
-    if pos.device != x.device:
-        raise DataError(f"pos is on {pos.device} but x is on {x.device}; expected one device")
+NORMS = ("batch", "layer")
 
 
 class _VectorChunk:
@@ -184,8 +142,8 @@ class PointTransformerLayer(nn.Module):
         chunk_size: points per chunk; default about 2**20 edge values (k * C per point).
 
     Shapes:
-        x: (N, in_channels); pos: (N, 3); idx: (N, k) int64 into [0, N)
-        -> (N, out_channels)
+        x: (N, in_channels); pos: (N, 3); idx: (N, k) int64 into [0, N), -1 = padding
+        (masked; see :mod:`sciformer.attention.neighbor_index`) -> (N, out_channels)
     """
 
     def __init__(
@@ -213,8 +171,8 @@ class PointTransformerLayer(nn.Module):
             raise ConfigError(
                 f"position_encoding must be one of {_POSITION_ENCODINGS}, got {position_encoding!r}"
             )
-        if norm not in _NORMS:
-            raise ConfigError(f"norm must be one of {_NORMS}, got {norm!r}")
+        if norm not in NORMS:
+            raise ConfigError(f"norm must be one of {NORMS}, got {norm!r}")
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ConfigError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
         c = out_channels
@@ -241,12 +199,8 @@ class PointTransformerLayer(nn.Module):
         self.linear_q = nn.Linear(in_channels, c)
         self.linear_k = nn.Linear(in_channels, c)
         self.linear_v = nn.Linear(in_channels, c)
-        if position_encoding == "mlp":
-            self.linear_p = nn.Sequential(
-                nn.Linear(3, 3), _norm(norm, 3), nn.ReLU(inplace=True), nn.Linear(3, pos_out)
-            )
-        else:
-            self.linear_p = nn.Sequential(nn.Linear(3, pos_out))
+        hidden_p = 3 if position_encoding == "mlp" else 0  # "linear": Linear(3, C) alone
+        self.linear_p = PositionMLP(3, pos_out, hidden_dim=hidden_p, norm=norm)  # relative xyz
 
         self._builtin_attn = False
         if mode == "scalar":
@@ -257,10 +211,10 @@ class PointTransformerLayer(nn.Module):
                     f"attn_mlp must be 'ptv1', None or an nn.Module, got {attn_mlp!r}"
                 )
             self.linear_w = nn.Sequential(
-                _norm(norm, c),
+                norm_layer(norm, c),
                 nn.ReLU(inplace=True),
                 nn.Linear(c, groups),
-                _norm(norm, groups),
+                norm_layer(norm, groups),
                 nn.ReLU(inplace=True),
                 nn.Linear(groups, groups),
             )
@@ -296,13 +250,15 @@ class PointTransformerLayer(nn.Module):
         return auto_chunk_size(n, k, self.out_channels)
 
     def forward(self, x: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
-        _check_points(x, pos, self.in_channels)
-        idx = check_neighbor_index(idx, x.shape[0], x.shape[0])
+        check_points(x, pos, self.in_channels)
+        idx = check_neighbor_index(idx, x.shape[0], x.shape[0], allow_padding=True)
         if idx.device != x.device:
             raise DataError(f"idx is on {idx.device} but x is on {x.device}; expected one device")
         n, k = idx.shape
         pos = pos.to(x.dtype)
         q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
+        if has_padding(idx):
+            return self._forward_padded(q, kk, v, pos, idx)
         rel = pos.index_select(0, idx.reshape(-1)) - pos.repeat_interleave(k, 0)  # (N*k, 3)
         proj: nn.Linear = self.linear_p[-1]
         if not self.memory_efficient:
@@ -392,57 +348,31 @@ class PointTransformerLayer(nn.Module):
             idx, chunk, keep, u, s2, t2, lin2.weight, lin2.bias, v, hidden, wp, bp
         )  # (N, C)
 
+    def _forward_padded(self, q: Tensor, kk: Tensor, v: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
+        """Neighbour index with -1 padding: gather the valid edges only (plain path).
 
-class PointTransformerBlock(nn.Module):
-    r"""Point Transformer v1 residual block around a :class:`PointTransformerLayer`.
-
-    .. math::
-        h = \mathrm{ReLU}(\mathrm{N}_1(W_1 x)),\quad
-        h = \mathrm{ReLU}(\mathrm{N}_2(\mathrm{PTL}(h, p, \mathrm{idx}))),\quad
-        y = \mathrm{ReLU}(x + \mathrm{DropPath}(\mathrm{N}_3(W_3 h)))
-
-    with bias-free linears and BatchNorm (or LayerNorm) N_1..N_3. Names follow PTv1
-    (``linear1, bn1, transformer2, bn2, linear3, bn3``). ``attention="ptv1"`` makes PTL a
-    :class:`PointTransformerLayer` (``layer_kwargs``: ``share_planes``, ``mode``,
-    ``memory_efficient``, ...); ``"ptv2"`` a
-    :class:`~sciformer.attention.grouped.GroupedVectorAttention` with
-    ``channels / share_planes`` groups (``layer_kwargs``: ``share_planes``,
-    ``pe_multiplier``, ``pe_bias``, ``attn_drop``, ``chunk_size``), the PTv2 block. The
-    neighbour index is computed outside, once per stage, and shared by the stage's blocks.
-
-    Shapes:
-        x: (N, channels); pos: (N, 3); idx: (N, k) -> (N, channels)
-    """
-
-    def __init__(
-        self, channels: int, *, norm: str = "batch", drop_path: float = 0.0, attention: str = "ptv1", **layer_kwargs: object
-    ) -> None:
-        super().__init__()
-        if norm not in _NORMS:
-            raise ConfigError(f"norm must be one of {_NORMS}, got {norm!r}")
-        self.linear1 = nn.Linear(channels, channels, bias=False)
-        self.bn1 = _norm(norm, channels)
-        self.transformer2: nn.Module
-        if attention == "ptv1":
-            self.transformer2 = PointTransformerLayer(channels, channels, norm=norm, **layer_kwargs)  # type: ignore[arg-type]
-        elif attention == "ptv2":
-            from sciformer.attention.grouped import GroupedVectorAttention
-
-            share_planes = int(layer_kwargs.pop("share_planes", 8))  # type: ignore[call-overload]
-            if share_planes < 1 or channels % share_planes:
-                raise ConfigError(f"share_planes must be a positive divisor of channels={channels}, got {share_planes}")
-            self.transformer2 = GroupedVectorAttention(channels, channels // share_planes, norm=norm, **layer_kwargs)  # type: ignore[arg-type]
+        Padded edges get no attention weight and enter no BatchNorm statistic (the MLPs
+        run on the (E, .) rows of the E valid edges); a point without a valid neighbour
+        outputs zeros, as in :class:`~sciformer.attention.grouped.GroupedVectorAttention`.
+        """
+        n, k = idx.shape
+        c, g = self.out_channels, self.groups
+        valid = idx >= 0  # (N, k)
+        rows = torch.arange(n, device=idx.device).unsqueeze(1).expand(n, k)[valid]  # (E,) query of each edge
+        cols = idx[valid]  # (E,) source of each edge
+        delta = self.linear_p(pos[cols] - pos[rows])  # (E, C or H)
+        if self.mode == "scalar":
+            h, dh = self.num_heads, c // self.num_heads
+            qk = (q[rows].view(-1, h, dh) * kk[cols].view(-1, h, dh)).sum(-1) / math.sqrt(dh)  # (E, H)
+            w, value = qk + delta, v[cols]  # (E, H), (E, C)
         else:
-            raise ConfigError(f"attention must be 'ptv1' or 'ptv2', got {attention!r}")
-        self.bn2 = _norm(norm, channels)
-        self.linear3 = nn.Linear(channels, channels, bias=False)
-        self.bn3 = _norm(norm, channels)
-        self.relu = nn.ReLU(inplace=True)
-        self.drop_path = DropPath(drop_path)
-
-    def forward(self, x: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
-        identity = x  # (N, C)
-        h = self.relu(self.bn1(self.linear1(x)))  # (N, C)
-        h = self.relu(self.bn2(self.transformer2(h, pos, idx)))  # (N, C)
-        h = self.bn3(self.linear3(h))  # (N, C)
-        return self.relu(identity + self.drop_path(h))
+            w = self.linear_w(kk[cols] - q[rows] + delta)  # (E, G)
+            value = v[cols] + delta  # (E, C)
+        logits = w.new_full((n, k, w.shape[1]), float("-inf"))
+        logits[valid] = w
+        p = torch.softmax(logits, dim=1).nan_to_num(0.0)  # (N, k, G|H); no valid neighbour -> 0
+        full = value.new_zeros((n, k, c))
+        full[valid] = value
+        if self.mode == "scalar":
+            return (p.unsqueeze(-1) * full.view(n, k, self.num_heads, -1)).sum(1).reshape(n, c)  # (N, C)
+        return (full.view(n, k, c // g, g) * p.unsqueeze(2)).sum(1).reshape(n, c)  # (N, C)

@@ -1,28 +1,47 @@
-"""Positional information from continuous positions.
+"""Positional encodings, all behind one interface (:class:`PositionalEncoding`).
 
 Everything here is computed from the positions themselves (band index, wavelength in
 nm, pixel offsets, 3D offsets), never from a table sized by the sequence length, so a
-model works for any number of tokens:
+model works for any number of tokens. Each encoding declares what it produces
+(``PositionalEncoding.kind``):
 
-- :func:`sinusoidal_encoding` / :class:`SinusoidalPositionalEncoding`: parameter-free
-  absolute encoding (Vaswani et al. 2017) of 1D or k-D continuous positions;
-- :class:`PositionMLP`: an MLP on positions or offsets (Point Transformer's position
-  encoding ``Linear-BN-ReLU-Linear`` on ``p_j - p_i``);
-- :class:`RelativePositionBias`: per-head additive attention bias from position
-  differences ``p_i - p_j`` (continuous relative position bias, Swin-v2 style).
+- ``"absolute"``: :func:`sinusoidal_encoding` / :class:`SinusoidalPositionalEncoding`,
+  parameter-free encoding (Vaswani et al. 2017) of 1D or k-D continuous positions (band
+  index or wavelength), added to the tokens;
+- ``"relative"``: :class:`PositionMLP`, an MLP on position offsets (Point Transformer's
+  ``Linear-BN-ReLU-Linear`` on relative xyz ``p_j - p_i``), used inside the
+  neighbourhood attention of PTv1 and PTv2;
+- ``"bias"``: :class:`RelativePositionBias`, per-head additive attention bias from
+  position differences ``p_i - p_j`` (continuous relative position bias, Swin-v2 style);
+- ``"conditional"``: :class:`ConditionalPositionalEncoding`, a residual computed from the
+  features and their spatial neighbourhood (PTv3's conditional encoding without spconv).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from sciformer.attention._neighborhood_ops import AdjacencyMatmul
+from sciformer.attention.layers import EdgeMLP, NormKind
 from sciformer.errors import ConfigError, DataError
 
-NormKind = Literal["batch", "layer", "none"]
+
+class PositionalEncoding(nn.Module):
+    """Base class of every positional encoding of the attention core.
+
+    ``kind`` says what ``forward`` returns: ``"absolute"`` (features to add to the tokens
+    from positions), ``"relative"`` (features from position offsets), ``"bias"`` (an
+    additive attention bias from positions) or ``"conditional"`` (a residual from the
+    features and their neighbourhood).
+    """
+
+    kind: ClassVar[str] = ""
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -43,7 +62,7 @@ def sinusoidal_encoding(positions: torch.Tensor, dim: int, base: float = 10000.0
     return pe.flatten(-2)  # (..., dim) interleaved sin, cos
 
 
-class SinusoidalPositionalEncoding(nn.Module):
+class SinusoidalPositionalEncoding(PositionalEncoding):
     """Parameter-free sinusoidal encoding of 1D or k-D continuous positions.
 
     A position ``p`` (band index, wavelength in nm, ...) is first multiplied by ``scale``.
@@ -54,6 +73,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         positions: (..., L) with ``pos_dim == 1``, or (..., L, k) with ``pos_dim == k``
         output: (..., L, dim)
     """
+
+    kind = "absolute"
 
     def __init__(self, dim: int, pos_dim: int = 1, base: float = 10000.0, scale: float = 1.0) -> None:
         super().__init__()
@@ -77,61 +98,49 @@ class SinusoidalPositionalEncoding(nn.Module):
         return f"dim={self.dim}, pos_dim={self.pos_dim}, base={self.base}, scale={self.scale}"
 
 
-class _FlatBatchNorm(nn.BatchNorm1d):
-    """``BatchNorm1d`` over the last dimension of a tensor with any leading dimensions.
-
-    Shapes:
-        x: (..., C) -> (..., C); statistics over all leading dimensions.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        return super().forward(x.reshape(-1, shape[-1])).view(shape)
-
-
-def _norm(kind: NormKind, width: int) -> nn.Module:
-    if kind == "batch":
-        return _FlatBatchNorm(width)
-    if kind == "layer":
-        return nn.LayerNorm(width)
-    if kind == "none":
-        return nn.Identity()
-    raise ConfigError(f"norm: expected one of 'batch', 'layer', 'none', got {kind!r}")
-
-
-class PositionMLP(nn.Module):
+class PositionMLP(EdgeMLP, PositionalEncoding):
     """MLP on positions or position offsets: ``Linear -> Norm -> ReLU -> Linear``.
 
     With the defaults (``hidden_dim = in_dim``, batch norm) this is Point Transformer's
-    position encoding ``delta_ij = Linear(BN-ReLU(Linear(p_i - p_j)))`` for ``in_dim = 3``.
+    position encoding ``delta_ij = Linear(BN-ReLU(Linear(p_j - p_i)))`` for ``in_dim = 3``
+    (relative xyz). ``hidden_dim=0`` is the single ``Linear(in_dim, out_dim)``. Module
+    indices are PTv1's (``linear_p.0``, ``linear_p.1``, ``linear_p.3``).
 
     Args:
         in_dim: position dimension (1 for band offsets, 3 for 3D offsets).
         out_dim: output channels.
-        hidden_dim: hidden width (default ``in_dim``).
+        hidden_dim: hidden width (default ``in_dim``; 0: no hidden layer).
         norm: ``"batch"`` (statistics over all leading dimensions), ``"layer"`` or ``"none"``.
 
     Shapes:
         x: (..., in_dim) -> (..., out_dim)
     """
 
+    kind = "relative"
+
     def __init__(self, in_dim: int, out_dim: int, hidden_dim: int | None = None, norm: NormKind = "batch") -> None:
-        super().__init__()
         if in_dim <= 0 or out_dim <= 0:
             raise ConfigError(f"in_dim/out_dim: expected positive integers, got {in_dim}, {out_dim}")
-        hidden = hidden_dim or in_dim
+        super().__init__(in_dim, in_dim if hidden_dim is None else hidden_dim, out_dim, norm)
         self.in_dim = in_dim
-        self.net = nn.Sequential(
-            nn.Linear(in_dim, hidden), _norm(norm, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim)
-        )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def net(self) -> PositionMLP:
+        """The layers themselves (``Linear, Norm, ReLU, Linear``), for unpacking."""
+        return self
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        for key in [k for k in state_dict if k.startswith(prefix + "net.")]:  # layout before 0.2: mlp.net.<i>
+            state_dict[prefix + key[len(prefix) + 4 :]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_dim:
             raise DataError(f"x: expected last dimension {self.in_dim}, got {tuple(x.shape)}")
-        return self.net(x)  # (..., out_dim)
+        return super().forward(x)  # (..., out_dim)
 
 
-class RelativePositionBias(nn.Module):
+class RelativePositionBias(PositionalEncoding):
     """Per-head additive attention bias from continuous position differences.
 
     ``bias[h, i, j] = MLP(f(s * (p_i - p_j)))[h]`` with ``f(t) = sign(t) log(1 + |t|)`` when
@@ -152,6 +161,8 @@ class RelativePositionBias(nn.Module):
         key_positions: same layout with Lk tokens (default: ``positions``)
         output: (..., H, L, Lk)
     """
+
+    kind = "bias"
 
     def __init__(
         self, num_heads: int, pos_dim: int = 1, hidden_dim: int = 32, scale: float = 1.0, log_scale: bool = True
@@ -178,8 +189,114 @@ class RelativePositionBias(nn.Module):
         offset = (pq[..., :, None, :] - pk[..., None, :, :]) * self.scale  # (..., L, Lk, k)
         if self.log_scale:
             offset = torch.sign(offset) * torch.log1p(offset.abs())
-        bias = self.mlp(offset.to(self.mlp.net[0].weight.dtype))  # (..., L, Lk, H)
+        bias = self.mlp(offset.to(self.mlp[0].weight.dtype))  # (..., L, Lk, H)
         return bias.movedim(-1, -3)  # (..., H, L, Lk)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, pos_dim={self.pos_dim}, scale={self.scale}, log_scale={self.log_scale}"
+
+
+@dataclass
+class NeighborBasis:
+    """A neighbour index as sparse matrices weighted by polynomial functions of the offsets.
+
+    For the k neighbours j of point i (index -1 = padding, skipped) with offsets
+    ``r_ij = (p_j - p_i) / scale`` and ``n_i`` valid neighbours, basis function
+    ``b`` of :data:`CPE_BASIS` gives the (N, N) matrix ``A_b[i, j] = phi_b(r_ij) / n_i``.
+    They are stacked side by side, ``A = [A_0 ... A_{nb-1}]`` (N, nb N) CSR, with its
+    transpose for the backward pass, built once per stage and shared by its blocks.
+
+    Shapes:
+        adj: (N, nb * N) CSR; adj_t: (nb * N, N) CSR
+    """
+
+    adj: Tensor
+    adj_t: Tensor
+    num_points: int
+
+    @classmethod
+    def build(cls, pos: Tensor, idx: Tensor, scale: float, dtype: torch.dtype | None = None) -> NeighborBasis:
+        n, k = idx.shape
+        dtype = dtype or pos.dtype
+        valid = idx >= 0  # (N, k)
+        safe = idx.clamp(min=0)  # (N, k)
+        rel = (pos[safe] - pos.unsqueeze(1)).to(dtype) / scale  # (N, k, 3)
+        phi = torch.cat([torch.ones_like(rel[..., :1]), rel, rel.square().sum(-1, keepdim=True)], dim=-1)  # (N, k, nb)
+        nb = phi.shape[-1]
+        count = valid.sum(1, keepdim=True).clamp_min(1).to(dtype)  # (N, 1)
+        phi = phi * (valid.unsqueeze(-1) / count.unsqueeze(-1))  # (N, k, nb); padding -> 0
+        cols = (torch.arange(nb, device=idx.device) * n).view(1, 1, nb) + safe.unsqueeze(-1)  # (N, k, nb)
+        dev = idx.device
+        crow = torch.arange(0, n * k * nb + 1, k * nb, device=dev)  # (N + 1,)
+        flat_cols, flat_vals = cols.reshape(-1), phi.reshape(-1)  # (N k nb,)
+        order = torch.argsort(flat_cols, stable=True)  # entries grouped by column
+        counts = torch.bincount(flat_cols, minlength=nb * n)  # (nb N,)
+        crow_t = torch.zeros(nb * n + 1, dtype=torch.long, device=dev)
+        torch.cumsum(counts, 0, out=crow_t[1:])
+        rows_t = torch.div(order, k * nb, rounding_mode="floor")  # (E,) query of each entry
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            adj = torch.sparse_csr_tensor(crow, flat_cols, flat_vals, (n, nb * n), check_invariants=False)
+            adj_t = torch.sparse_csr_tensor(crow_t, rows_t, flat_vals[order], (nb * n, n), check_invariants=False)
+        return cls(adj=adj, adj_t=adj_t, num_points=n)
+
+
+CPE_BASIS = ("1", "r_x", "r_y", "r_z", "|r|^2")
+
+
+class ConditionalPositionalEncoding(PositionalEncoding):
+    r"""Conditional positional encoding of points without sparse convolution.
+
+    PTv3 (Wu et al. 2024) adds ``LN(Linear(SubMConv3x3x3(x)))`` before every attention
+    block, a submanifold sparse convolution (spconv) over voxel neighbours. Here the
+    convolution runs over the k nearest neighbours (``sciformer.geometry.knn``, the
+    stage's index) as a *depthwise* convolution whose kernel is a quadratic polynomial
+    of the neighbour offset :math:`r_{ij} = (p_j - p_i) / s`, followed by the pointwise
+    ``Linear`` and LayerNorm (together a depthwise-separable convolution):
+
+    .. math::
+        h_i = \frac{1}{n_i} \sum_{j \in \mathrm{kNN}(i)} \sum_b W_b \odot \phi_b(r_{ij})\, x_j,
+        \qquad \phi = (1, r_x, r_y, r_z, \lVert r \rVert^2),\qquad
+        y_i = \mathrm{LN}(W h_i + c)
+
+    Why kNN and this kernel: kNN neighbours exist for every point of any cloud (several
+    points in one voxel, uneven density), need no hash table, and the KD-tree backend
+    makes them cheap on CPU; a kernel polynomial in the offset is defined for continuous
+    offsets and, since ``W_b`` is per channel, the sum factorises into one sparse-dense
+    product with the stacked matrices of :class:`NeighborBasis` (built once per stage).
+    No (N, k, C) tensor exists in the forward or backward pass; cost O(N k C nb). ``s``
+    is the stage's voxel size, so the kernel sees offsets in voxel units as spconv does.
+
+    Shapes:
+        x: (N, C); basis: :class:`NeighborBasis` of N points, or a context with a ``basis``
+        attribute (:class:`~sciformer.attention.serialized.SerializedContext`) -> (N, C)
+    """
+
+    kind = "conditional"
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        if channels <= 0:
+            raise ConfigError(f"channels: expected a positive integer, got {channels}")
+        nb = len(CPE_BASIS)
+        self.channels = channels
+        self.weight = nn.Parameter(torch.empty(nb, channels))  # depthwise kernel, one row per basis function
+        nn.init.normal_(self.weight, std=1.0 / math.sqrt(nb))
+        self.linear = nn.Linear(channels, channels)
+        self.norm = nn.LayerNorm(channels)
+
+    def forward(self, x: Tensor, basis: Any) -> Tensor:
+        basis = getattr(basis, "basis", basis)  # a NeighborBasis or a context holding one
+        if not isinstance(basis, NeighborBasis):
+            raise DataError(f"basis: expected a NeighborBasis (or a context with one), got {type(basis).__name__}")
+        if x.ndim != 2 or x.shape[1] != self.channels or x.shape[0] != basis.num_points:
+            raise DataError(f"x: expected shape ({basis.num_points}, {self.channels}), got {tuple(x.shape)}")
+        stacked = (x.unsqueeze(0) * self.weight.unsqueeze(1)).reshape(-1, self.channels)  # (nb N, C)
+        adj, adj_t = basis.adj, basis.adj_t
+        if adj.dtype != x.dtype:
+            adj, adj_t = adj.to(x.dtype), adj_t.to(x.dtype)
+        h = AdjacencyMatmul.apply(adj, adj_t, stacked)  # (N, C)
+        return self.norm(self.linear(h))  # (N, C)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}, basis={CPE_BASIS}"

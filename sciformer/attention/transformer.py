@@ -1,26 +1,74 @@
-"""Pre-norm residual Transformer blocks and encoders over token sequences."""
+"""The pre-norm residual block (generic over its token mixer) and token-sequence encoders."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from sciformer.attention.blocks import DropPath, Mlp
 from sciformer.attention.dense import MultiHeadAttention
+from sciformer.attention.layers import DropPath, Mlp, norm_layer
+from sciformer.attention.positional import PositionalEncoding
 from sciformer.errors import ConfigError
 
 FusionKind = Literal["none", "linear", "gate"]
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm Transformer block (ViT style)::
+class PreNormBlock(nn.Module):
+    """Pre-norm residual block, generic over its token mixer (ViT / PTv3 style)::
+
+        x = x + PE(x, *ctx)                         # optional conditional positional encoding
+        x = x + DropPath(Mixer(Norm(x), *ctx))
+        x = x + DropPath(Mlp(Norm(x)))
+
+    The mixer is any module taking the normalised tokens and the block's context:
+    :class:`~sciformer.attention.dense.MultiHeadAttention` over a token sequence
+    (``ctx = (attn_bias, key_padding_mask)``),
+    :class:`~sciformer.attention.serialized.SerializedAttention` over serialized point
+    patches (``ctx = (context,)``), or a neighbourhood layer
+    (:class:`~sciformer.attention.grouped.GroupedVectorAttention`, ``ctx = (pos, idx)``).
+    ``Mlp`` is ``Linear(D, r D) -> GELU -> Linear(r D, D)`` with dropout ``drop``.
+
+    Shapes:
+        x: (..., D) tokens (``(n, L, D)`` sequences or ``(N, D)`` packed points)
+        ctx: whatever the mixer (and ``pos_encoding``) take after the tokens
+        output: same shape as x
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        mixer: nn.Module,
+        *,
+        mlp_ratio: float = 4.0,
+        drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm: str = "layer",
+        pos_encoding: PositionalEncoding | None = None,
+    ) -> None:
+        super().__init__()
+        if mlp_ratio <= 0:
+            raise ConfigError(f"mlp_ratio: expected a positive number, got {mlp_ratio}")
+        self.pos_encoding = pos_encoding
+        self.norm1 = norm_layer(norm, dim)
+        self.attn = mixer
+        self.drop_path = DropPath(drop_path)
+        self.norm2 = norm_layer(norm, dim)
+        self.mlp = Mlp(dim, hidden_features=max(1, round(dim * mlp_ratio)), dropout=drop)
+
+    def forward(self, x: torch.Tensor, *ctx: Any) -> torch.Tensor:
+        if self.pos_encoding is not None:
+            x = x + self.pos_encoding(x, *ctx)  # (..., D)
+        x = x + self.drop_path(self.attn(self.norm1(x), *ctx))  # (..., D)
+        return x + self.drop_path(self.mlp(self.norm2(x)))  # (..., D)
+
+
+class TransformerBlock(PreNormBlock):
+    """:class:`PreNormBlock` with dense multi-head attention over a token sequence::
 
         x = x + DropPath(Attn(LN(x), bias, mask))
         x = x + DropPath(Mlp(LN(x)))
-
-    ``Mlp`` is ``Linear(D, r D) -> GELU -> Linear(r D, D)`` with dropout ``drop``.
 
     Shapes:
         x: (n, L, D)
@@ -39,23 +87,18 @@ class TransformerBlock(nn.Module):
         drop_path: float = 0.0,
         qkv_bias: bool = True,
     ) -> None:
-        super().__init__()
         if mlp_ratio <= 0:
             raise ConfigError(f"mlp_ratio: expected a positive number, got {mlp_ratio}")
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
-        self.drop_path = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, hidden_features=max(1, round(dim * mlp_ratio)), dropout=drop)
+        attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
+        super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path)
 
-    def forward(
+    def forward(  # type: ignore[override]
         self,
         x: torch.Tensor,
         attn_bias: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), attn_bias, key_padding_mask))  # (n, L, D)
-        return x + self.drop_path(self.mlp(self.norm2(x)))  # (n, L, D)
+        return super().forward(x, attn_bias, key_padding_mask)  # (n, L, D)
 
 
 class CrossLayerFusion(nn.Module):

@@ -30,6 +30,11 @@ from sciformer.geometry.grid import GridPooled, grid_pool, grid_unpool
 from sciformer.geometry.interpolate import interpolate, interpolation_weights
 from sciformer.geometry.knn import Neighbours, available_backends, knn
 from sciformer.geometry.radius import radius
+from sciformer.geometry.serialization import (
+    grid_coordinates,
+    serialization_order,
+    serialize,
+)
 
 __all__ = [
     "GridPooled",
@@ -40,6 +45,7 @@ __all__ = [
     "batch_to_offset",
     "fps",
     "from_pyg",
+    "grid_coordinates",
     "grid_pool",
     "grid_unpool",
     "interpolate",
@@ -49,6 +55,8 @@ __all__ = [
     "offset_to_sizes",
     "pack",
     "radius",
+    "serialization_order",
+    "serialize",
     "sizes_to_offset",
     "to_pyg",
     "unpack",

@@ -11,7 +11,7 @@ return logits:
 
 An encoder stage is a :class:`~sciformer.pointcloud.layers.TransitionDown` (FPS to
 1/stride of each cloud and kNN max-pooling, or Linear-BN-ReLU for stride 1) followed by
-``blocks`` :class:`~sciformer.attention.neighborhood.PointTransformerBlock` sharing one
+``blocks`` :class:`~sciformer.attention.point_block.PointTransformerBlock` sharing one
 kNN index (k neighbours, self included); ``downsample: grid`` replaces FPS by PTv2-style
 voxel pooling (``grid_sizes``, one per stage with stride > 1), and ``attention: ptv2``
 replaces the v1 vector attention by PTv2's grouped vector attention
@@ -20,6 +20,7 @@ groups, optional ``pe_multiplier`` and ``attn_drop``); together they give a PTv2
 network. Defaults are the paper's
 segmentation network:
 channels 32/64/128/256/512, blocks 1/2/3/5/2, strides 1/4/4/4/4, k 16, share_planes 8.
+``k`` is one neighbour count or one per stage (the reference network: ``[8, 16, 16, 16, 16]``).
 Input features are ``feat`` with the coordinates appended (``use_coord_as_feature``).
 """
 
@@ -31,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-from sciformer.attention.neighborhood import PointTransformerBlock
+from sciformer.attention.point_block import PointTransformerBlock
 from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError, DataError
 from sciformer.pointcloud.layers import (
@@ -65,7 +66,7 @@ class PointTransformerConfig(BaseModel):
     channels: list[int] = Field(default_factory=lambda: [32, 64, 128, 256, 512], min_length=1)
     blocks: list[int] = Field(default_factory=lambda: [1, 2, 3, 5, 2], min_length=1)
     strides: list[int] = Field(default_factory=lambda: [1, 4, 4, 4, 4], min_length=1)
-    k: int = Field(16, ge=1)  # neighbours of attention and of transition down, self included
+    k: int | list[int] = 16  # neighbours of attention and of transition down, self included; one per stage or one for all
     share_planes: int = Field(8, ge=1)  # channels sharing one attention weight
     use_coord_as_feature: bool = True  # append coord (3) to feat
     drop_path: float = Field(0.0, ge=0.0, lt=1.0)  # stochastic depth, linearly increasing
@@ -76,6 +77,10 @@ class PointTransformerConfig(BaseModel):
     attention: Literal["ptv1", "ptv2"] = "ptv1"  # vector attention (PTv1) or grouped vector attention (PTv2)
     pe_multiplier: bool = False  # ptv2: relative position also multiplies the query-key relation
     attn_drop: float = Field(0.0, ge=0.0, lt=1.0)  # ptv2: dropout on attention weights
+
+    def stage_k(self) -> list[int]:
+        """Neighbour count of every stage (``k`` repeated when it is one integer)."""
+        return [self.k] * len(self.channels) if isinstance(self.k, int) else list(self.k)
 
     def block_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of every :class:`PointTransformerBlock` of the network."""
@@ -94,6 +99,9 @@ class PointTransformerConfig(BaseModel):
             raise ValueError(f"downsample 'grid' needs grid_sizes: {downs} positive voxel sizes, one per stage with stride > 1, got {self.grid_sizes}")
         if len(self.blocks) != n or len(self.strides) != n:
             raise ValueError(f"channels, blocks and strides need one entry per stage; got {n}, {len(self.blocks)} and {len(self.strides)}")
+        ks = self.stage_k()
+        if len(ks) != n or min(ks) < 1:
+            raise ValueError(f"k: expected a positive integer or one per stage ({n}), got {self.k}")
         for name, values, low in (("channels", self.channels, 1), ("blocks", self.blocks, 0), ("strides", self.strides, 1)):
             if any(v < low for v in values):
                 raise ValueError(f"{name} must be >= {low} everywhere, got {values}")
@@ -206,9 +214,9 @@ class PointTransformerEncoder(nn.Module):
         block_kwargs = cfg.block_kwargs()
         grids = iter(cfg.grid_sizes or []) if cfg.downsample == "grid" else None
         stages, width, used = [], in_channels, 0
-        for c, b, s in zip(cfg.channels, cfg.blocks, cfg.strides):
+        for c, b, s, k in zip(cfg.channels, cfg.blocks, cfg.strides, cfg.stage_k()):
             grid = next(grids) if grids is not None and s > 1 else None
-            stages.append(EncoderStage(width, c, blocks=b, stride=s, k=cfg.k, drop_path=rates[used : used + b], grid_size=grid, **block_kwargs))
+            stages.append(EncoderStage(width, c, blocks=b, stride=s, k=k, drop_path=rates[used : used + b], grid_size=grid, **block_kwargs))
             width, used = c, used + b
         self.stages = nn.ModuleList(stages)
 
@@ -292,10 +300,10 @@ class PointTransformerSegmenter(nn.Module):
         self.in_channels, self.use_coord = in_channels, cfg.use_coord_as_feature
         self.encoder = PointTransformerEncoder(input_channels(in_channels, self.use_coord), cfg)
         block_kwargs = cfg.block_kwargs()
-        ch = cfg.channels
-        decoders = [DecoderStage(ch[-1], ch[-1], skip_channels=None, blocks=cfg.decoder_blocks, k=cfg.k, **block_kwargs)]
+        ch, ks = cfg.channels, cfg.stage_k()
+        decoders = [DecoderStage(ch[-1], ch[-1], skip_channels=None, blocks=cfg.decoder_blocks, k=ks[-1], **block_kwargs)]
         for s in range(len(ch) - 2, -1, -1):
-            decoders.append(DecoderStage(ch[s + 1], ch[s], skip_channels=ch[s], blocks=cfg.decoder_blocks, k=cfg.k, **block_kwargs))
+            decoders.append(DecoderStage(ch[s + 1], ch[s], skip_channels=ch[s], blocks=cfg.decoder_blocks, k=ks[s], **block_kwargs))
         self.decoders = nn.ModuleList(decoders)
         self.num_categories = num_categories
         self.head = SegmentationHead(ch[0], num_classes, num_conditions=num_categories, dropout=cfg.dropout)

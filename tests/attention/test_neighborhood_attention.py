@@ -13,10 +13,10 @@ from torch import nn
 
 from sciformer.attention._neighborhood_ops import chunked_edge_map
 from sciformer.attention.neighborhood import (
-    PointTransformerBlock,
     PointTransformerLayer,
     check_neighbor_index,
 )
+from sciformer.attention.point_block import PointTransformerBlock
 from sciformer.errors import ConfigError, DataError
 
 
@@ -525,8 +525,8 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 @pytest.mark.parametrize(
     "bad, match",
     [
-        (lambda x, p, i: (x, p, i + 1), r"idx values must lie in \[0, 20\)"),
-        (lambda x, p, i: (x, p, i - 1), r"idx values must lie in \[0, 20\)"),
+        (lambda x, p, i: (x, p, i + 1), r"idx values must lie in \[-1, 20\) \(-1 = padding\)"),
+        (lambda x, p, i: (x, p, i - 2), r"idx values must lie in \[-1, 20\) \(-1 = padding\)"),
         (lambda x, p, i: (x, p, i[:-1]), r"idx must have shape \(N=20, k>=1\)"),
         (lambda x, p, i: (x, p, i[:, 0]), r"idx must have shape"),
         (lambda x, p, i: (x, p, i.double()), r"idx must be an integer tensor"),
