@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sciformer.contracts import METRIC_NAMES
 from sciformer.errors import ConfigError
 from sciformer.registry import DATASETS, MODELS, Registry
 from sciformer.utils import yamlio
@@ -108,8 +109,6 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_monitor(self) -> ExperimentConfig:
-        from sciformer.engine.metrics import METRIC_NAMES
-
         if self.train.monitor not in METRIC_NAMES:
             raise ValueError(f"train.monitor must be one of {', '.join(METRIC_NAMES)}, got '{self.train.monitor}'")
         return self

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -33,8 +34,13 @@ from sciformer.errors import ConfigError, SciformerError
 
 Batch = dict[str, Any]
 PredictFn = Callable[[Batch], torch.Tensor]  # batch dict -> logits (n, num_classes)
+# (target, pred) per-point label arrays, e.g. one pair per whole scene -> JSON-ready scores.
+# The engine supplies it (sciformer.engine.metrics.label_scorer) so scores have one home.
+ScoreFn = Callable[[Iterable[tuple[np.ndarray, np.ndarray]]], dict[str, Any]]
 
 SPLITS = ("train", "val", "test")
+# Validation scores ``train.monitor`` may name (``loss`` is minimised, the others maximised).
+METRIC_NAMES = ("oa", "aa", "macc", "kappa", "miou", "loss")
 
 
 def default_data_root() -> Path:
@@ -154,10 +160,13 @@ class TaskData(ABC):
     def save_artifacts(self, run_dir: Path) -> None:
         """Write split masks, protocol files and the like into the run folder."""
 
-    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test") -> dict[str, Any]:
+    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
+                           score: ScoreFn | None = None) -> dict[str, Any]:
         """Write task-specific predictions (maps, point files) of ``split`` after evaluation.
 
         ``export`` has boolean attributes ``npy``, ``png``, ``envi``, ``ply``. Returns extra
-        facts to store in ``metrics.json`` (may be empty).
+        facts to store in ``metrics.json`` (may be empty). A task that predicts at another
+        resolution than its items (whole scenes on every original point) scores those
+        labels with ``score``, never with a metric of its own.
         """
         return {}

@@ -1,4 +1,4 @@
-"""Classification and segmentation metrics from one confusion matrix.
+"""Classification and segmentation metrics from one confusion matrix: the one home of every score.
 
 All scores derive from the confusion matrix ``cm[true, pred]`` accumulated over a
 split, so they are exact (not averaged over batches) and reducible across
@@ -7,17 +7,32 @@ processes by summation:
 - ``oa``: overall accuracy, trace / total.
 - ``aa`` (= ``macc``): mean per-class recall over classes present in the targets.
 - ``kappa``: Cohen's kappa, (p_o - p_e) / (1 - p_e).
-- ``miou``: mean intersection over union over classes present in targets or predictions.
+- ``miou``: :data:`MIOU_RULE`. IoU_c = cm[c, c] / (row_c + col_c - cm[c, c]); the mean
+  runs over the classes that occur in the targets or the predictions, so a class
+  absent from both is left out, while a class predicted but absent from the targets
+  counts with IoU 0. This equals torchmetrics'
+  ``MulticlassJaccardIndex(num_classes, average="macro", ignore_index=...)``. Pointcept
+  averages over every class (an absent class counts 0), which is the same number
+  whenever every class occurs in the targets or the predictions (S3DIS Area 5).
+
+Whole-scene (every original point) scores use the same rule through :func:`label_scorer`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-METRIC_NAMES = ("oa", "aa", "macc", "kappa", "miou", "loss")
+from sciformer.contracts import METRIC_NAMES, ScoreFn
+
+__all__ = ["METRIC_NAMES", "MIOU_RULE", "ConfusionMatrix", "Scores", "finite_or_none", "format_table", "label_scorer", "scores_from_confusion", "scores_to_dict"]
+
+MIOU_RULE = ("mean over classes of IoU = tp / (tp + fp + fn), classes absent from both targets and predictions excluded "
+             "(= torchmetrics MulticlassJaccardIndex average='macro')")
 
 
 class ConfusionMatrix:
@@ -87,6 +102,46 @@ def scores_from_confusion(cm: np.ndarray) -> Scores:
     aa = float(np.nanmean(per_class_acc)) if np.any(true_count > 0) else float("nan")
     miou = float(np.nanmean(per_class_iou)) if np.any(union > 0) else float("nan")
     return Scores(oa, aa, kappa, miou, per_class_acc, per_class_iou, true_count.astype(np.int64), cm.astype(np.int64))
+
+
+def finite_or_none(x: float) -> float | None:
+    """``x`` as a float, None when NaN or infinite (JSON has no NaN)."""
+    return float(x) if np.isfinite(float(x)) else None
+
+
+def scores_to_dict(scores: Scores, class_names: Sequence[str]) -> dict[str, Any]:
+    """JSON-ready scores with per-class entries keyed by class name (None where undefined)."""
+    per_class = {
+        name: {"accuracy": finite_or_none(scores.per_class_acc[i]), "iou": finite_or_none(scores.per_class_iou[i]), "support": int(scores.support[i])}
+        for i, name in enumerate(class_names)
+    }
+    return {
+        "oa": finite_or_none(scores.oa),
+        "aa": finite_or_none(scores.aa),
+        "macc": finite_or_none(scores.aa),
+        "kappa": finite_or_none(scores.kappa),
+        "miou": finite_or_none(scores.miou),
+        "per_class": per_class,
+    }
+
+
+def label_scorer(class_names: Sequence[str], ignore_index: int = -1) -> ScoreFn:
+    """A :data:`~sciformer.contracts.ScoreFn`: (target, pred) label arrays -> :func:`scores_to_dict` + ``points``.
+
+    The data layer predicts whole scenes and yields per-point labels; this scores them
+    with the same confusion matrix and rule as every other evaluation.
+
+    Shapes: each pair is target (n,), pred (n,) int class ids (targets may be ``ignore_index``).
+    """
+    names = list(class_names)
+
+    def score(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+        confusion = ConfusionMatrix(len(names), ignore_index)
+        for target, pred in pairs:
+            confusion.update(torch.as_tensor(np.asarray(pred)), torch.as_tensor(np.asarray(target)))
+        return {**scores_to_dict(confusion.compute(), names), "points": int(confusion.matrix.sum())}
+
+    return score
 
 
 def format_table(scores: Scores, class_names: list[str], title: str = "") -> str:

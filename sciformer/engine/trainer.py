@@ -37,7 +37,7 @@ from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate, progress, train_steps
-from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table
+from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
 from sciformer.engine.report import write_evaluation
 from sciformer.engine.runtime import (
     capture_rng,
@@ -380,7 +380,8 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     payload: dict[str, Any] = {}
     if dist.is_main:
         facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
-        facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split) or {})
+        facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split,
+                                             score=label_scorer(task.info.class_names, task.ignore_index)) or {})
         payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
     dist.barrier()

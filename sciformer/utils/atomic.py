@@ -1,17 +1,38 @@
-"""Atomic file writes: write to a temporary name in the same folder, flush, fsync, rename.
+"""Atomic file writes, the one writer of run-folder and output files.
 
-A crash or kill at any moment leaves either the previous file or the new one, never
-a truncated file.
+Write to a temporary name in the same folder, flush, fsync, give it the mode a plain
+``open(path, "w")`` would (the existing file's mode, else ``0o666`` less the umask,
+not ``mkstemp``'s 0600), rename over ``path``, fsync the folder. A crash or kill at
+any moment leaves either the previous file or the new one, never a truncated file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
+
+
+def current_umask() -> int:
+    """The process umask (read from ``/proc`` where possible, so it is never changed)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def open_mode(path: str | os.PathLike[str]) -> int:
+    """Permission bits a plain ``open(path, "w")`` leaves: the existing file's, else 0o666 & ~umask."""
+    with contextlib.suppress(FileNotFoundError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    return 0o666 & ~current_umask()
 
 
 @contextlib.contextmanager
@@ -21,6 +42,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: object)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, open_mode(path))
         with os.fdopen(fd, mode, **kwargs) as handle:  # type: ignore[call-overload]
             yield handle
             handle.flush()
@@ -34,8 +56,15 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: object)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Atomically write ``text`` (UTF-8) to ``path``."""
     with atomic_open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
+    """Atomically write ``payload`` to ``path``."""
+    with atomic_open(path, "wb") as handle:
+        handle.write(payload)
 
 
 def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[Path], None]) -> None:
@@ -49,6 +78,7 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[Path], Non
     os.close(fd)
     try:
         writer(Path(tmp))
+        os.chmod(tmp, open_mode(path))
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -9,7 +9,9 @@ from torchmetrics.classification import (
 
 from sciformer.engine.metrics import (
     ConfusionMatrix,
+    MIOU_RULE,
     format_table,
+    label_scorer,
     scores_from_confusion,
 )
 
@@ -60,3 +62,50 @@ def test_absent_class_excluded_from_means() -> None:
 def test_out_of_range_target_rejected() -> None:
     with pytest.raises(ValueError, match=r"\[0, 3\)"):
         ConfusionMatrix(3).update(torch.tensor([0]), torch.tensor([3]))
+
+
+def test_miou_rule_hand_computed() -> None:
+    """The one mIoU rule: classes absent from targets and predictions are left out; a class
+    predicted but never true counts with IoU 0 (torchmetrics macro Jaccard)."""
+    # rows = true, cols = pred; class 3 never true but predicted once; class 4 absent from both
+    cm = np.array([
+        [4, 1, 0, 0, 0],
+        [0, 2, 1, 1, 0],
+        [1, 0, 3, 0, 0],
+        [0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0],
+    ])
+    s = scores_from_confusion(cm)
+    iou = [4 / (5 + 5 - 4), 2 / (4 + 3 - 2), 3 / (4 + 4 - 3), 0 / (0 + 1 - 0)]
+    np.testing.assert_allclose(s.per_class_iou[:4], iou)
+    assert np.isnan(s.per_class_iou[4])
+    assert s.miou == pytest.approx(sum(iou) / 4)  # not / 5 (class 4 counted 0), not / 3 (class 3 dropped)
+    assert s.aa == pytest.approx((4 / 5 + 2 / 4 + 3 / 4) / 3)  # recall over classes that occur in the targets
+    assert s.oa == pytest.approx(9 / 13)
+    # the same matrix through per-point labels, torchmetrics as the oracle
+    target = torch.tensor([t for t in range(5) for p in range(5) for _ in range(cm[t, p])])
+    pred = torch.tensor([p for t in range(5) for p in range(5) for _ in range(cm[t, p])])
+    oracle = MulticlassJaccardIndex(5, average="macro")(pred, target)
+    assert s.miou == pytest.approx(float(oracle), abs=1e-6)
+
+
+def test_label_scorer_matches_confusion_and_names_classes() -> None:
+    score = label_scorer(["a", "b", "c"], ignore_index=-1)
+    pairs = [(np.array([0, 0, 1, -1]), np.array([0, 1, 1, 2])), (np.array([2, 1]), np.array([0, 1]))]
+    out = score(iter(pairs))
+    assert out["points"] == 5  # the ignored point is left out
+    s = scores_from_confusion(np.array([[1, 1, 0], [0, 2, 0], [1, 0, 0]]))
+    assert out["miou"] == pytest.approx(s.miou) and out["oa"] == pytest.approx(3 / 5)
+    assert out["per_class"]["c"] == {"accuracy": 0.0, "iou": 0.0, "support": 1}
+
+
+def test_metrics_json_names_the_rule(tmp_path) -> None:
+    import json
+
+    from sciformer.engine.report import write_evaluation
+
+    s = scores_from_confusion(np.array([[1, 0], [1, 2]]))
+    write_evaluation(tmp_path, "test", s, ["a", "b"], {})
+    payload = json.loads((tmp_path / "metrics.json").read_text())
+    assert payload["miou_rule"] == MIOU_RULE and "macro" in MIOU_RULE
+    assert [k for k in payload if "iou" in k.lower() and k not in ("miou", "miou_rule")] == []

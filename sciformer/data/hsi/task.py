@@ -41,6 +41,7 @@ from sciformer.contracts import (
     BuildContext,
     DataInfo,
     PredictFn,
+    ScoreFn,
     TaskData,
 )
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
@@ -272,7 +273,7 @@ class HSISceneTask(TaskData):
         (run_dir / "protocol.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
 
     def export_predictions(
-        self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test"
+        self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test", score: ScoreFn | None = None
     ) -> dict[str, Any]:
         """Predict every pixel of the scene (tiled) and write ``map.npy/.png/.hdr+.img``.
 

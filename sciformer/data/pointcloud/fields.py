@@ -1,12 +1,10 @@
-"""Shared pieces of the point-file readers: standard keys, colour scaling, atomic writes.
+"""Shared pieces of the point-file readers: standard keys, colour scaling, checks.
 
 Readers return a dict of arrays with standard keys (see :mod:`sciformer.data.pointcloud.io`).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,16 +95,3 @@ def triangulate(path: Path | str, faces: Sequence[Sequence[int]] | np.ndarray) -
         tris.extend((poly[0], poly[i], poly[i + 1]) for i in range(1, len(poly) - 1))
     return np.asarray(tris, dtype=np.int64).reshape(-1, 3)  # (m, 3)
 
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` through a temp file in the same folder + os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

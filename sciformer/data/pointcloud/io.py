@@ -31,7 +31,6 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import (
     PointData,
-    atomic_write_bytes,
     check_points,
     fail,
     from_named_columns,
@@ -267,6 +266,6 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | None 
 
 
 __all__ = [
-    "POINT_SUFFIXES", "PointData", "atomic_write_bytes", "las_has_rgb", "lzf_decompress", "parse_text_table",
+    "POINT_SUFFIXES", "PointData", "las_has_rgb", "lzf_decompress", "parse_text_table",
     "read_off", "read_point_file", "sample_mesh_surface", "write_ply",
 ]

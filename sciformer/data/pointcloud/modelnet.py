@@ -58,7 +58,6 @@ from sciformer.data.pointcloud.dataset import (
     stratified_holdout,
 )
 from sciformer.data.pointcloud.io import (
-    atomic_write_bytes,
     read_point_file,
     sample_mesh_surface,
 )
@@ -84,6 +83,7 @@ from sciformer.data.transforms import (
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
+from sciformer.utils.atomic import atomic_write_bytes
 
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_scale", "scale": [0.8, 1.25], "anisotropic": True},

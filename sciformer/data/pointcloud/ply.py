@@ -15,12 +15,12 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import (
     PointData,
-    atomic_write_bytes,
     fail,
     from_named_columns,
     triangulate,
 )
 from sciformer.errors import DataError
+from sciformer.utils.atomic import atomic_write_bytes
 
 _PLY_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2",

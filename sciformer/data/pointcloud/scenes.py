@@ -3,23 +3,22 @@
 A scene is grid-sampled (the inverse index kept) and split into compact parts of at
 most ``max_points`` points; each part is a dataset item. Predictions on the parts are
 gathered per scene and mapped back through the inverse to every original point, where
-the metrics are computed and predictions written (.npy, .ply).
+predictions are written (.npy, .ply) and handed, with the labels, to the engine's scorer.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from sciformer.contracts import Batch, PredictFn, PredictOptions
+from sciformer.contracts import Batch, PredictFn, PredictOptions, ScoreFn
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.chunking import (
     partition_points,
@@ -42,6 +41,7 @@ from sciformer.data.transforms import (
     index_points,
 )
 from sciformer.errors import DataError
+from sciformer.utils.atomic import atomic_write_text
 
 
 def check_eval_transform_specs(specs: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -83,7 +83,7 @@ class SceneEvalDataset(PointDataset):
     into compact parts of at most ``max_points`` points, which are the items;
     part coordinates are recentred (x, y by the bbox centre, z by ``part_z``). The
     engine's metrics on items are computed on the grid-sampled points;
-    :func:`evaluate_scenes` maps predictions back to every original point.
+    :func:`scene_predictions` maps predictions back to every original point.
     """
 
     def __init__(
@@ -124,10 +124,7 @@ class SceneEvalDataset(PointDataset):
                 changed = True
             counts.append(known[key])
         if index_file is not None and changed:
-            index_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = index_file.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known))
-            os.replace(tmp, index_file)
+            atomic_write_text(index_file, json.dumps(known))
         return counts
 
     def _scene(self, s: int) -> tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -182,34 +179,6 @@ class SceneEvalDataset(PointDataset):
         sample = index_points(full, keep[parts[p]])
         sample.pop("inverse", None)
         return self._shift(sample)
-
-
-def confusion_matrix(target: np.ndarray, pred: np.ndarray, num_classes: int, ignore_index: int = -1) -> np.ndarray:
-    """Confusion counts (num_classes, num_classes), rows = true class; ignored targets skipped."""
-    target = np.asarray(target).reshape(-1)
-    pred = np.asarray(pred).reshape(-1)
-    valid = (target != ignore_index) & (target >= 0) & (target < num_classes)
-    idx = target[valid] * num_classes + pred[valid]
-    return np.bincount(idx, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
-
-
-def segmentation_metrics(conf: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
-    """mIoU, mAcc, OA and per-class IoU from a confusion matrix (absent classes left out of means)."""
-    conf = conf.astype(np.float64)
-    tp = np.diag(conf)
-    gt = conf.sum(axis=1)
-    union = gt + conf.sum(axis=0) - tp
-    present = gt > 0
-    iou = np.divide(tp, union, out=np.zeros_like(tp), where=union > 0)
-    acc = np.divide(tp, gt, out=np.zeros_like(tp), where=gt > 0)
-    total = conf.sum()
-    return {
-        "miou": float(iou[present].mean()) if present.any() else 0.0,
-        "macc": float(acc[present].mean()) if present.any() else 0.0,
-        "oa": float(tp.sum() / total) if total else 0.0,
-        "iou_per_class": {name: (float(iou[i]) if present[i] else None) for i, name in enumerate(class_names)},
-        "points": int(total),
-    }
 
 
 def _flag(export: Any, name: str, default: bool) -> bool:
@@ -276,35 +245,35 @@ def predict_scene_file(dataset: SceneEvalDataset, predict: PredictFn, *, batch_s
                          overlap=options.overlap, views=tta_views(options.rotations, options.flip))
 
 
-def evaluate_scenes(
+def scene_predictions(
     dataset: SceneEvalDataset,
     predict: PredictFn,
     collate: Callable[[list[Sample]], Batch],
     *,
     batch_size: int,
     class_names: Sequence[str],
-    ignore_index: int = -1,
     out_dir: Path | None = None,
     write_npy: bool = True,
     write_ply_files: bool = True,
     write_png: bool = False,
-) -> dict[str, Any]:
-    """Predict every item, map back to every original point, and score per point.
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Predict every scene, map back to every original point, write its files, yield (label, pred).
 
-    With ``out_dir``, writes per scene ``<name>_pred.npy`` (n,) int64,
-    ``<name>.ply`` with x, y, z, colour, ``pred`` and ``label``, and ``<name>.png``
-    (top views of prediction and truth with a class legend), each switchable.
+    The caller scores the pairs (the engine's :func:`~sciformer.engine.metrics.label_scorer`);
+    the data layer computes no metric. With ``out_dir``, writes per scene
+    ``<name>_pred.npy`` (n,) int64, ``<name>.ply`` with x, y, z, colour, ``pred`` and
+    ``label``, and ``<name>.png`` (top views of prediction and truth with a class legend),
+    each switchable.
+
+    Shapes: yields label (n,) int64 (ignored points kept), pred (n,) int64 per scene.
     """
     num_classes = len(class_names)
-    conf = np.zeros((num_classes, num_classes), dtype=np.int64)
-    scenes = sorted({s for s, _ in dataset.items})
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-    for s in scenes:
+    for s in sorted({s for s, _ in dataset.items}):
         pred = predict_scene(dataset, s, predict, collate, batch_size=batch_size, num_classes=num_classes)
         full = dataset._scene(s)[0]
         label = np.asarray(full["label"], dtype=np.int64)  # (n,)
-        conf += confusion_matrix(label, pred, num_classes, ignore_index)
         if out_dir is not None:
             name = dataset.source.name(s)
             if write_npy:
@@ -317,9 +286,7 @@ def evaluate_scenes(
 
                 render_labels(out_dir / f"{name}.png", np.asarray(full["coord"]), {"prediction": pred, "truth": label},
                               class_names, max_points=100_000, title=name)
-    metrics = segmentation_metrics(conf, class_names)
-    metrics["scenes"] = len(scenes)
-    return metrics
+        yield label, pred
 
 
 class ArrayScene(SceneSource):
@@ -382,26 +349,32 @@ class SceneSegmentationTask(PointTask):
             raise DataError(f"split '{split}' is not made of whole scenes (only val and test are)")
         return dataset.source
 
-    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test") -> dict[str, Any]:
-        """Predict every ``split`` scene, write per-point predictions, return full-resolution metrics.
+    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
+                           score: ScoreFn | None = None) -> dict[str, Any]:
+        """Predict every ``split`` scene, write per-point predictions, return ``score`` of every point.
 
         ``export.npy`` / ``export.ply`` / ``export.png`` (attributes or dict keys, default
-        True) switch the ``<scene>_pred.npy``, ``<scene>.ply`` and ``<scene>.png`` files; the
-        metrics are returned either way.
+        True) switch the ``<scene>_pred.npy``, ``<scene>.ply`` and ``<scene>.png`` files.
+        With ``score`` the labels of every original point are scored into
+        ``{"full_resolution": {...scores, "points", "scenes"}}``; without, only files are written.
         """
         dataset = self.dataset(split)
         if not isinstance(dataset, SceneEvalDataset):
             raise DataError(f"split '{split}' is not made of whole scenes (only val and test are)")
-        metrics = evaluate_scenes(
+        pairs = scene_predictions(
             dataset,
             predict,
             self.collate,
             batch_size=batch_size,
             class_names=self.info.class_names,
-            ignore_index=self.ignore_index,
             out_dir=Path(out_dir),
             write_npy=_flag(export, "npy", True),
             write_ply_files=_flag(export, "ply", True),
             write_png=_flag(export, "png", True),
         )
-        return {"full_resolution": metrics}
+        scenes = len({s for s, _ in dataset.items})
+        if score is None:
+            for _ in pairs:
+                pass
+            return {}
+        return {"full_resolution": {**score(pairs), "scenes": scenes}}

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.contracts import BuildContext, DataInfo, PredictFn, default_data_root
+from sciformer.contracts import BuildContext, DataInfo, PredictFn, ScoreFn, default_data_root
 from sciformer.data.pointcloud.dataset import PointDataset, PointTask, read_list_file
 from sciformer.data.pointcloud.io import parse_text_table
 from sciformer.data.pointcloud.sample import (
@@ -233,7 +233,8 @@ class PartDataset(PointDataset):
 class ShapeNetPartTask(PointTask):
     """Part segmentation with the category in the batch and the standard mIoU at export."""
 
-    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test") -> dict[str, Any]:
+    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
+                           score: ScoreFn | None = None) -> dict[str, Any]:
         """Instance/category mIoU on the ``split`` split, predicting among each shape's category parts."""
         dataset = self.dataset(split)
         preds, targets, cats = [], [], []

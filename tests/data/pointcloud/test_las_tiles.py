@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.lidar import LasTilesConfig, build_las_tiles, code_table
+from sciformer.engine.metrics import label_scorer
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
 
@@ -110,7 +111,8 @@ def test_whole_tile_evaluation(root: Path, ctx: BuildContext, tmp_path: Path) ->
     task = build_las_tiles(cfg, ctx)
     test = task.dataset("test")
     assert len(test) == 4  # 1500 points in balanced parts of <= 400
-    facts = task.export_predictions(oracle, tmp_path / "out", batch_size=3, export=None)["full_resolution"]
+    score = label_scorer(task.info.class_names, task.ignore_index)
+    facts = task.export_predictions(oracle, tmp_path / "out", batch_size=3, export=None, score=score)["full_resolution"]
     assert facts["points"] == 1500 and facts["oa"] == 1.0 and facts["scenes"] == 1
     pred = np.load(tmp_path / "out" / "d_pred.npy")
     assert pred.shape == (1500,)

@@ -1,4 +1,4 @@
-"""Whole scenes: partitions, evaluation on every original point, metrics."""
+"""Whole scenes: partitions, prediction on every original point (scored by the engine's metrics)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from sciformer.data.pointcloud.sample import collate_points
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,
     SceneSource,
-    confusion_matrix,
-    evaluate_scenes,
-    segmentation_metrics,
+    scene_predictions,
 )
 from sciformer.data.transforms import Compose
+from sciformer.engine.metrics import label_scorer
 from sciformer.errors import DataError
 
 
@@ -64,9 +63,11 @@ def test_scene_eval_maps_back_to_every_point(tmp_path: Path) -> None:
         sample = ds[i]
         assert len(sample["coord"]) <= 8
         assert np.abs(sample["coord"]).max() < 10  # recentred, not at 1000
-    metrics = evaluate_scenes(ds, _oracle, collate_points, batch_size=3, class_names=["low", "high"], out_dir=tmp_path / "out")
+    score = label_scorer(["low", "high"])
+    pairs = list(scene_predictions(ds, _oracle, collate_points, batch_size=3, class_names=["low", "high"], out_dir=tmp_path / "out"))
+    assert [len(label) for label, _ in pairs] == [101, 57]  # every original point, per scene
+    metrics = score(pairs)
     assert metrics["points"] == 101 + 57 - 2  # every original point except the ignored ones
-    assert metrics["scenes"] == 2
     assert metrics["oa"] > 0.95  # voxel representative labels mapped back through the inverse
     pred = np.load(tmp_path / "out" / "toy_0_pred.npy")
     assert pred.shape == (101,)
@@ -74,7 +75,7 @@ def test_scene_eval_maps_back_to_every_point(tmp_path: Path) -> None:
     # without grid sampling the mapping is exact
     exact = SceneEvalDataset(_Toy(), grid_size=None, max_points=20, part_z="min", transform=None,
                              features=[], seed=0, cache_dir=None)
-    m = evaluate_scenes(exact, _oracle, collate_points, batch_size=4, class_names=["low", "high"])
+    m = score(scene_predictions(exact, _oracle, collate_points, batch_size=4, class_names=["low", "high"]))
     assert m["oa"] == 1.0 and m["miou"] == 1.0
     # the part counts are cached by scene key
     assert len(list((tmp_path / "scene_parts").glob("*.json"))) == 1
@@ -89,15 +90,3 @@ def test_scene_eval_rejects_point_changing_transforms(tmp_path: Path) -> None:
         ds[0]
     assert "must keep every point" in str(e.value)
 
-
-def test_confusion_and_metrics() -> None:
-    target = np.array([0, 0, 1, 1, 2, -1])
-    pred = np.array([0, 1, 1, 1, 0, 2])
-    conf = confusion_matrix(target, pred, 3)
-    assert conf.tolist() == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
-    m = segmentation_metrics(conf, ["a", "b", "c"])
-    # IoU a = 1/(2+2-1) = 1/3, b = 2/(2+3-2) = 2/3, c = 0/(1+0-0) = 0
-    assert m["iou_per_class"] == pytest.approx({"a": 1 / 3, "b": 2 / 3, "c": 0.0})
-    assert m["miou"] == pytest.approx(1 / 3)
-    assert m["oa"] == pytest.approx(3 / 5)
-    assert m["macc"] == pytest.approx((0.5 + 1 + 0) / 3)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from sciformer.contracts import BuildContext
 from sciformer.data.pointcloud.s3dis import S3DIS_CLASSES, S3DISConfig, build_s3dis
+from sciformer.engine.metrics import label_scorer
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS
 
@@ -111,19 +112,20 @@ def test_full_resolution_evaluation(root: Path, ctx: BuildContext, tmp_path: Pat
     test = task.dataset("test")
     assert len(test) > 2  # rooms split into parts of <= 60 points
     assert all(len(test[i]["coord"]) <= 60 for i in range(len(test)))
-    facts = task.export_predictions(oracle, tmp_path / "pred", batch_size=2, export=None)
+    score = label_scorer(task.info.class_names, task.ignore_index)
+    facts = task.export_predictions(oracle, tmp_path / "pred", batch_size=2, export=None, score=score)
     full = facts["full_resolution"]
     assert full["points"] == 2 * ROOM_POINTS + 1 - 1  # every original point of Area 5 (one bad line dropped)
     assert full["scenes"] == 2 and full["oa"] > 0.97
-    assert set(full["iou_per_class"]) == set(S3DIS_CLASSES)
-    assert full["iou_per_class"]["sofa"] is None  # absent class
+    assert set(full["per_class"]) == set(S3DIS_CLASSES)
+    assert full["per_class"]["sofa"]["iou"] is None  # absent from targets and predictions
     pred = np.load(tmp_path / "pred" / "Area_5_office_3_pred.npy")
     assert pred.shape == (ROOM_POINTS,)
     from sciformer.data.pointcloud.io import read_point_file
 
     ply = read_point_file(tmp_path / "pred" / "Area_5_office_3.ply")
     assert ply["coord"].shape == (ROOM_POINTS, 3) and "pred" in ply and "colour" in ply
-    no_ply = task.export_predictions(oracle, tmp_path / "pred2", batch_size=8, export={"ply": False})
+    no_ply = task.export_predictions(oracle, tmp_path / "pred2", batch_size=8, export={"ply": False}, score=score)
     assert no_ply["full_resolution"]["points"] == full["points"]
     assert not list((tmp_path / "pred2").glob("*.ply"))
 
