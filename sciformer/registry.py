@@ -1,13 +1,16 @@
-"""Name -> builder registries for models and datasets.
+"""Name -> builder registries: the one registry type (models, datasets, point transforms).
 
 Each entry pairs a builder with a pydantic model of its parameters (unknown keys
-forbidden), so an experiment's ``model:`` and ``data:`` sections are validated
-with the same rules as the rest of the config::
+forbidden), so an experiment's ``model:`` and ``data:`` sections (and transform lists)
+are validated with the same rules as the rest of the config::
 
     @MODELS.register("spectralformer", config=SpectralFormerConfig)
     def build_spectralformer(cfg: SpectralFormerConfig, info: DataInfo) -> nn.Module: ...
 
 Unknown names raise :class:`~sciformer.errors.ConfigError` listing the valid ones.
+Built-in models and datasets register when their modules are imported, which
+:func:`load_builtins` does by name (``importlib``) on the first lookup, so this
+module imports no layer above it.
 """
 
 from __future__ import annotations
@@ -41,11 +44,21 @@ class Entry:
 
 
 class Registry:
-    """A named collection of builders with validated parameters."""
+    """A named collection of builders with validated parameters.
 
-    def __init__(self, kind: str) -> None:
+    ``builtins``: look-ups first import the built-in model and dataset modules
+    (:func:`load_builtins`); a registry filled where it is defined (transforms) passes False.
+    """
+
+    def __init__(self, kind: str, *, builtins: bool = True) -> None:
         self.kind = kind
+        self._builtins = builtins
         self._entries: dict[str, Entry] = {}
+        self._aliases: dict[str, str] = {}
+
+    def _load(self) -> None:
+        if self._builtins:
+            load_builtins()
 
     def register(
         self,
@@ -53,8 +66,9 @@ class Registry:
         *,
         config: type[BaseModel] = NoParams,
         predictor: Callable[..., Any] | None = None,
+        aliases: tuple[str, ...] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering ``builder`` under ``name``.
+        """Decorator registering ``builder`` under ``name`` (and ``aliases``, e.g. a class name).
 
         ``predictor`` (datasets only) predicts a whole input file with a trained
         model, without building the training data; see ``sciformer.contracts``.
@@ -65,33 +79,35 @@ class Registry:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
             doc = (builder.__doc__ or "").strip().splitlines()
             self._entries[name] = Entry(name, builder, config, doc[0] if doc else "", predictor)
+            self._aliases.update({alias: name for alias in aliases})
             return builder
 
         return decorator
 
     def names(self) -> list[str]:
-        load_builtins()
+        self._load()
         return sorted(self._entries)
 
     def entries(self) -> list[Entry]:
-        load_builtins()
+        self._load()
         return [self._entries[n] for n in sorted(self._entries)]
 
     def get(self, name: str, *, key: str | None = None) -> Entry:
-        """Look up ``name``; ``key`` is the dotted config key used in errors."""
-        load_builtins()
+        """Look up ``name`` (or an alias); ``key`` is the dotted config key used in errors."""
+        self._load()
+        name = self._aliases.get(name, name)
         if name not in self._entries:
             valid = ", ".join(sorted(self._entries)) or "(none)"
             where = f"{key}: " if key else ""
             raise ConfigError(
-                f"{where}unknown {self.kind} '{name}'{did_you_mean(name, self._entries)}; "
+                f"{where}unknown {self.kind} '{name}'{did_you_mean(name, [*self._entries, *self._aliases])}; "
                 f"valid {self.kind}s: {valid}"
             )
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
-        load_builtins()
-        return name in self._entries
+        self._load()
+        return name in self._entries or name in self._aliases
 
 
 MODELS = Registry("model")

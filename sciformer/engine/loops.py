@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from sciformer.contracts import Batch
 from sciformer.engine.metrics import ConfusionMatrix
@@ -31,12 +29,6 @@ def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManage
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if amp == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def progress(iterable: Iterable[Any], *, total: int | None, desc: str, mode: str) -> Iterable[Any]:
-    """A tqdm bar on a terminal (``auto``), always, or never."""
-    enabled = mode == "always" or (mode == "auto" and sys.stderr.isatty())
-    return tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True) if enabled else iterable
 
 
 def train_steps(

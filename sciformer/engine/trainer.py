@@ -36,7 +36,7 @@ from sciformer.engine.batching import EpochBatchSampler
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.inference import predict_fn
-from sciformer.engine.loops import evaluate, progress, train_steps
+from sciformer.engine.loops import evaluate, train_steps
 from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
 from sciformer.engine.report import write_evaluation
 from sciformer.engine.runtime import (
@@ -49,6 +49,7 @@ from sciformer.engine.runtime import (
 )
 from sciformer.errors import SciformerError
 from sciformer.utils.atomic import atomic_write_text
+from sciformer.utils.progress import progress
 
 CSV_FIELDS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_oa", "val_aa", "val_kappa", "val_miou", "epoch_time_s"]
 

@@ -21,15 +21,6 @@ from sciformer.data.transforms import Compose, Sample
 from sciformer.errors import DataError
 
 
-def progress(iterable: Any, desc: str, total: int | None = None) -> Any:
-    """A tqdm progress bar on a terminal, the bare iterable otherwise."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        return iterable
-    return tqdm(iterable, desc=desc, total=total, disable=None, leave=False)
-
-
 def read_list_file(path: Path, what: str) -> list[str]:
     """Non-empty stripped lines of a list file (class names, split lists)."""
     if not path.is_file():

@@ -15,10 +15,7 @@ from sciformer.data.pointcloud.cache import (
     load_arrays,
     save_arrays_atomic,
 )
-from sciformer.data.pointcloud.dataset import (
-    progress,
-    read_list_file,
-)
+from sciformer.data.pointcloud.dataset import read_list_file
 from sciformer.data.pointcloud.io import (
     read_off,
     sample_mesh_surface,
@@ -27,6 +24,7 @@ from sciformer.data.transforms import (
     check_transform_specs,
 )
 from sciformer.errors import DataError
+from sciformer.utils.progress import progress
 
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_scale", "scale": [0.8, 1.25], "anisotropic": True},

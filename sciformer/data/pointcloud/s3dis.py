@@ -46,7 +46,7 @@ from sciformer.contracts import (
     default_data_root,
 )
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
-from sciformer.data.pointcloud.dataset import PointDataset, progress, state_value
+from sciformer.data.pointcloud.dataset import PointDataset, state_value
 from sciformer.data.pointcloud.io import parse_text_table, read_point_file
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
@@ -70,6 +70,7 @@ from sciformer.data.transforms import (
 )
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS
+from sciformer.utils.progress import progress
 
 S3DIS_CLASSES = [
     "ceiling", "floor", "wall", "beam", "column", "window", "door",

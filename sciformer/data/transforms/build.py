@@ -32,11 +32,26 @@ from sciformer.data.transforms.sampling import (
     SphereCrop,
 )
 from sciformer.errors import ConfigError
+from sciformer.registry import Registry
 from sciformer.utils.suggest import did_you_mean
 
 # --------------------------------------------------------------------------- from config
 
-TRANSFORMS: dict[str, type[Transform]] = {
+TRANSFORMS = Registry("transform", builtins=False)  # YAML name (or class name) -> transform class
+
+
+def _param_model(cls: type[Transform]) -> Any:
+    """A pydantic model (unknown keys forbidden) of a transform's __init__ parameters."""
+    fields: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls.__init__)
+    for pname, param in list(inspect.signature(cls.__init__).parameters.items())[1:]:
+        annotation = hints.get(pname, Any)
+        default = param.default if param.default is not inspect.Parameter.empty else ...
+        fields[pname] = (annotation, default)
+    return create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+for _name, _cls in {
     "center_shift": CenterShift,
     "normalize_scale": NormalizeScale,
     "random_rotate": RandomRotate,
@@ -52,43 +67,22 @@ TRANSFORMS: dict[str, type[Transform]] = {
     "grid_sample": GridSample,
     "sphere_crop": SphereCrop,
     "to_tensor": ToTensor,
-}
-_CLASS_NAMES = {cls.__name__: name for name, cls in TRANSFORMS.items()}
-_PARAM_MODELS: dict[str, Any] = {}
-
-
-def _param_model(name: str) -> Any:
-    """A pydantic model (unknown keys forbidden) of a transform's __init__ parameters."""
-    if name not in _PARAM_MODELS:
-        cls = TRANSFORMS[name]
-        fields: dict[str, Any] = {}
-        hints = typing.get_type_hints(cls.__init__)
-        for pname, param in list(inspect.signature(cls.__init__).parameters.items())[1:]:
-            annotation = hints.get(pname, Any)
-            default = param.default if param.default is not inspect.Parameter.empty else ...
-            fields[pname] = (annotation, default)
-        _PARAM_MODELS[name] = create_model(
-            f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid"), **fields
-        )
-    return _PARAM_MODELS[name]
+}.items():
+    TRANSFORMS.register(_name, config=_param_model(_cls), aliases=(_cls.__name__,))(_cls)
 
 
 def transform_names() -> list[str]:
     """Names accepted in a YAML transform list."""
-    return sorted(TRANSFORMS)
+    return TRANSFORMS.names()
 
 
 def build_transform(spec: dict[str, Any], key: str = "transforms[0]") -> Transform:
     """One transform from ``{name: ..., <params>}``; ``key`` is the dotted config key for errors."""
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(f"{key}: expected a mapping with 'name' (e.g. {{name: random_scale}}), got {spec!r}")
-    raw_name = str(spec["name"])
-    name = _CLASS_NAMES.get(raw_name, raw_name)
-    if name not in TRANSFORMS:
-        hint = did_you_mean(raw_name, list(TRANSFORMS) + list(_CLASS_NAMES))
-        raise ConfigError(f"{key}.name: unknown transform '{raw_name}'{hint}; valid transforms: {', '.join(transform_names())}")
+    entry = TRANSFORMS.get(str(spec["name"]), key=f"{key}.name")
+    name, model = entry.name, entry.config
     params = {k: v for k, v in spec.items() if k != "name"}
-    model = _param_model(name)
     try:
         parsed = model(**params)
     except ValidationError as exc:
@@ -100,7 +94,7 @@ def build_transform(spec: dict[str, Any], key: str = "transforms[0]") -> Transfo
             raise ConfigError(f"{key}.{loc}: unknown parameter of {name}{hint}; valid: {valid}") from None
         raise ConfigError(f"{key}.{loc}: {err['msg']}") from None
     try:
-        return TRANSFORMS[name](**{k: getattr(parsed, k) for k in model.model_fields})
+        return entry.builder(**{k: getattr(parsed, k) for k in model.model_fields})
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
