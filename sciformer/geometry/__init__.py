@@ -26,7 +26,7 @@ from sciformer.geometry.batch import (
     unpack,
 )
 from sciformer.geometry.fps import Sampled, fps
-from sciformer.geometry.grid import GridPooled, grid_pool, grid_unpool
+from sciformer.geometry.grid import GridPooled, grid_pool, grid_unpool, segment_mean
 from sciformer.geometry.interpolate import interpolate, interpolation_weights
 from sciformer.geometry.knn import Neighbours, available_backends, knn
 from sciformer.geometry.radius import radius
@@ -55,6 +55,7 @@ __all__ = [
     "offset_to_sizes",
     "pack",
     "radius",
+    "segment_mean",
     "serialization_order",
     "serialize",
     "sizes_to_offset",

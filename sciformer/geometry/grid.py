@@ -105,11 +105,11 @@ def grid_pool(
         new_offset = torch.cumsum(torch.bincount(batch[index], minlength=b_count), dim=0)
         n_vox = count.shape[0]
 
-    pooled_coord = _segment_mean(coord, cluster, count)
+    pooled_coord = segment_mean(coord, cluster, count)
     pooled_feat = None
     if feat is not None:
         if reduce == "mean":
-            pooled_feat = _segment_mean(feat, cluster, count)
+            pooled_feat = segment_mean(feat, cluster, count)
         else:
             pooled_feat = feat.new_zeros((n_vox, feat.shape[1])).scatter_reduce(
                 0, cluster.unsqueeze(1).expand_as(feat), feat, "amax", include_self=False
@@ -152,17 +152,23 @@ def _sort_cells(batch: torch.Tensor, cell: torch.Tensor) -> tuple[torch.Tensor, 
     return order, torch.cat([change.new_ones(1), change])
 
 
-def _segment_mean(x: torch.Tensor, cluster: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Mean of the rows of ``x`` per cluster (differentiable).
+def segment_mean(x: torch.Tensor, segment: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Mean of the rows of ``x`` per segment (differentiable); an empty segment gives zeros.
+
+    The one segment mean: voxels of :func:`grid_pool` (``segment = cluster``) and whole
+    clouds of a packed batch (``segment = offset_to_batch(offset)``,
+    ``count = offset_to_sizes(offset)``: global average pooling).
 
     Shapes:
-        x: (N, C), cluster: (N,), count: (V,) -> (V, C)
+        x: (N, C), segment: (N,) int64 in [0, S), count: (S,) rows per segment -> (S, C)
     """
+    segment = segment.to(x.device)
+    count = count.to(x.device)
     if x.shape[1] < 8:  # few columns (coordinates): accumulate along a contiguous row per column
-        total = x.new_zeros((x.shape[1], count.shape[0])).index_add(1, cluster, x.T.contiguous()).T
+        total = x.new_zeros((x.shape[1], count.shape[0])).index_add(1, segment, x.T.contiguous()).T  # (S, C)
     else:
-        total = x.new_zeros((count.shape[0], x.shape[1])).index_add(0, cluster, x)  # (V, C)
-    return total / count.unsqueeze(1).to(x.dtype)
+        total = x.new_zeros((count.shape[0], x.shape[1])).index_add(0, segment, x)  # (S, C)
+    return total / count.clamp_min(1).unsqueeze(1).to(x.dtype)
 
 
 def _voxel_size(voxel_size: object, dim: int, device: torch.device) -> torch.Tensor:

@@ -5,6 +5,7 @@ chunked brute force in torch, and torch_cluster. :func:`sciformer.geometry.knn.k
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,30 +17,23 @@ import torch
 _SPATIAL_SORT_MIN = 65_536
 
 
-CloudSearch = Callable[[torch.Tensor, torch.Tensor, int, "float | None"], tuple[torch.Tensor, torch.Tensor]]
+def per_cloud(search: Callable[[slice, slice, int], tuple[Any, Any]], index: Any, dist: Any,
+              q_sizes: list[int], s_sizes: list[int], k: int) -> tuple[Any, Any]:
+    """The one loop over the clouds of a packed batch (numpy or torch arrays alike).
 
+    ``search(query_rows, support_rows, kk)`` returns the (rows, kk) neighbours of one
+    cloud's queries as *global* support indices (-1 for none) and their distances,
+    ``kk = min(k, cloud size)``; they fill ``index`` / ``dist``, whose other entries
+    keep their -1 / inf.
 
-def _per_cloud(
-    search: CloudSearch,
-    query: torch.Tensor,
-    support: torch.Tensor,
-    q_sizes: list[int],
-    s_sizes: list[int],
-    k: int,
-    radius: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a one-cloud search on each cloud of a packed batch and assemble global indices."""
-    if len(q_sizes) == 1 and s_sizes[0] >= k:
-        return search(query, support, k, radius)
-    m = query.shape[0]
-    index = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
-    dist = torch.full((m, k), float("inf"), dtype=query.dtype, device=query.device)
+    Shapes:
+        index: (M, k) int64 filled with -1, dist: (M, k) filled with inf -> the same, filled
+    """
     q0 = s0 = 0
-    for mq, ns in zip(q_sizes, s_sizes):
+    for mq, ns in zip(q_sizes, s_sizes, strict=True):
         kk = min(k, ns)
-        local, d = search(query[q0 : q0 + mq], support[s0 : s0 + ns], kk, radius)
-        index[q0 : q0 + mq, :kk] = torch.where(local >= 0, local + s0, local)
-        dist[q0 : q0 + mq, :kk] = d
+        rows = slice(q0, q0 + mq)
+        index[rows, :kk], dist[rows, :kk] = search(rows, slice(s0, s0 + ns), kk)
         q0 += mq
         s0 += ns
     return index, dist
@@ -121,16 +115,10 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
         if len(q_sizes) == 1 and s_sizes[0] >= k:
             index, dist = query_cloud(qn, sn, k, radius, 0, same)
         else:
-            index = np.full((qn.shape[0], k), -1, dtype=np.int64)
-            dist = np.full((qn.shape[0], k), np.inf, dtype=qn.dtype)
-            q0 = s0 = 0
-            for mq, ns in zip(q_sizes, s_sizes):
-                kk = min(k, ns)
-                rows = slice(q0, q0 + mq)
-                part = query_cloud(qn[rows], sn[s0 : s0 + ns], kk, radius, s0, same and mq == ns)
-                index[rows, :kk], dist[rows, :kk] = part
-                q0 += mq
-                s0 += ns
+            index, dist = per_cloud(
+                lambda rows, cols, kk: query_cloud(qn[rows], sn[cols], kk, radius, cols.start, same and rows == cols),
+                np.full((qn.shape[0], k), -1, dtype=np.int64), np.full((qn.shape[0], k), np.inf, dtype=qn.dtype),
+                q_sizes, s_sizes, k)
         return torch.from_numpy(index).to(device), torch.from_numpy(dist).to(device, dtype)
 
     return run
@@ -173,7 +161,16 @@ def _brute_cloud(q: torch.Tensor, s: torch.Tensor, k: int, radius: float | None)
 
 
 def _brute_search(query, support, q_sizes, s_sizes, k, radius):
-    return _per_cloud(_brute_cloud, query, support, q_sizes, s_sizes, k, radius)
+    if len(q_sizes) == 1 and s_sizes[0] >= k:
+        return _brute_cloud(query, support, k, radius)
+
+    def one(rows: slice, cols: slice, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        local, d = _brute_cloud(query[rows], support[cols], kk, radius)  # (mq, kk)
+        return torch.where(local >= 0, local + cols.start, local), d
+
+    m = query.shape[0]
+    return per_cloud(one, torch.full((m, k), -1, dtype=torch.int64, device=query.device),
+                     torch.full((m, k), float("inf"), dtype=query.dtype, device=query.device), q_sizes, s_sizes, k)
 
 
 def _torch_cluster_search(query, support, q_sizes, s_sizes, k, radius):

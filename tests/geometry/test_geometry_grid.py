@@ -8,7 +8,7 @@ import torch
 from geometry_oracles import grid_oracle, random_batch
 
 from sciformer.errors import DataError
-from sciformer.geometry import grid_pool, grid_unpool
+from sciformer.geometry import grid_pool, grid_unpool, offset_to_batch, offset_to_sizes, segment_mean
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -113,3 +113,24 @@ def test_grid_pool_cuda_matches_cpu():
     torch.testing.assert_close(gpu.coord.cpu(), cpu.coord)
     torch.testing.assert_close(gpu.feat.cpu(), cpu.feat)
     assert torch.equal(gpu.offset.cpu(), cpu.offset)
+
+
+@pytest.mark.parametrize("channels", [3, 12])  # both accumulation paths
+def test_segment_mean_matches_numpy_per_segment(channels: int) -> None:
+    rng = np.random.default_rng(channels)
+    x = rng.normal(size=(50, channels))
+    segment = rng.integers(0, 7, size=50)
+    segment[segment == 4] = 5  # segment 4 empty
+    count = np.bincount(segment, minlength=7)
+    got = segment_mean(torch.from_numpy(x), torch.from_numpy(segment), torch.from_numpy(count)).numpy()
+    expected = np.stack([x[segment == s].mean(axis=0) if count[s] else np.zeros(channels) for s in range(7)])
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_segment_mean_per_cloud_and_gradient() -> None:
+    x = torch.arange(12.0, dtype=torch.float64).reshape(6, 2).requires_grad_()
+    offset = torch.tensor([2, 2, 6])  # the middle cloud is empty
+    out = segment_mean(x, offset_to_batch(offset), offset_to_sizes(offset))
+    torch.testing.assert_close(out, torch.tensor([[1.0, 2.0], [0.0, 0.0], [7.0, 8.0]], dtype=torch.float64))
+    out.sum().backward()
+    torch.testing.assert_close(x.grad[:, 0], torch.tensor([0.5, 0.5, 0.25, 0.25, 0.25, 0.25], dtype=torch.float64))
