@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import sciformer
 from sciformer.errors import CheckpointError, ConfigError, SciformerError
@@ -40,10 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
     _add_overrides(evaluate)
 
-    predict = sub.add_parser("predict", help="predict a new input file with a trained checkpoint")
+    predict = sub.add_parser("predict", help="predict new input files with a trained checkpoint")
     predict.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file, or a run folder (its checkpoints/best.pt)")
-    predict.add_argument("--input", "-i", required=True, type=Path, help="input file (scene cube or point cloud)")
-    predict.add_argument("--output", required=True, type=Path, help="output file; its suffix picks the format")
+    predict.add_argument("--input", "-i", required=True, action="append", metavar="PATH",
+                         help="input file, folder or quoted glob (repeatable); the model loads once for all")
+    predict.add_argument("--output", "-o", required=True, type=Path,
+                         help="output file (its suffix picks the format), or a folder for several inputs")
+    predict.add_argument("--format", metavar="SUFFIX", help="output format for a folder output, e.g. ply, laz, npz, tif")
+    predict.add_argument("--overwrite", action="store_true", help="replace existing output files (never an input)")
     predict.add_argument("--batch-size", type=int, help="inference batch size (default: evaluation.batch_size)")
     predict.add_argument("--device", help="cpu, cuda, cuda:N (default: the run's train.device)")
     predict.add_argument("--overlap", type=float, default=0.25, help="point scenes: context points per core point of a chunk (default 0.25)")
@@ -134,32 +139,42 @@ def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     import torch
 
+    from sciformer.contracts import PredictOptions
+    from sciformer.engine.inference import expand_inputs, plan_outputs, prediction_suffixes
+
     if args.batch_size is not None and args.batch_size < 1:
         raise SciformerError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.output.is_dir():
-        raise SciformerError(f"--output '{args.output}' is a directory; expected a file path (its suffix picks the format)")
+    options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes,
+                             probabilities=args.probabilities, columns=args.columns, category=args.category, labels=args.labels)
+    inputs = expand_inputs(args.input)
+    many = len(args.input) > 1 or any(Path(spec).expanduser().is_dir() or not Path(spec).expanduser().exists() for spec in args.input)
+    # Every output path is checked against every format any dataset writes before anything loads ...
+    plan_outputs(inputs, args.output, prediction_suffixes(None), fmt=args.format, overwrite=args.overwrite, many=many)
     with torch.no_grad():
-        return _predict(args)
+        return _predict(args, inputs, many, options)
 
 
-def _predict(args: argparse.Namespace) -> int:
-    from sciformer.contracts import PredictOptions
-    from sciformer.engine.inference import load_for_inference, predict_fn
+def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: Any) -> int:
+    from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.inference import load_for_inference, plan_outputs, predict_fn, prediction_suffixes
     from sciformer.registry import DATASETS
 
-    options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes)
-    exp, state, model, device = load_for_inference(args.checkpoint, [], args.device)
-    entry = DATASETS.get(exp.cfg.data.name, key="data.name")
+    state = load_checkpoint(args.checkpoint, in_run="best.pt")
+    name = str(((state.get("config") or {}).get("data") or {}).get("name"))
+    entry = DATASETS.get(name, key="data.name")
     if entry.predictor is None:
-        raise SciformerError(f"dataset '{exp.cfg.data.name}' has no file predictor")
-    if not args.input.exists():
-        raise SciformerError(f"--input '{args.input}' does not exist")
-    if args.input.is_dir():
-        raise SciformerError(f"--input '{args.input}' is a directory; expected a file")
+        raise SciformerError(f"dataset '{name}' has no file predictor")
+    # ... and against this dataset's formats before the model is built or any data read.
+    pairs = plan_outputs(inputs, args.output, prediction_suffixes(entry.predictor), fmt=args.format,
+                         overwrite=args.overwrite, many=many)
+    exp, state, model, device = load_for_inference(args.checkpoint, list(args.overrides), args.device)
     predict = predict_fn(model, device, exp.cfg.train.amp)
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
-    written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, args.input, args.output, batch_size, options=options)
-    print(f"wrote {written or args.output}")
+    for input_path, output_path in pairs:
+        output_path.parent.mkdir(parents=True, exist_ok=True)
+        written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, input_path, output_path,
+                                  batch_size, options=options)
+        print(f"wrote {written or output_path}")
     return 0
 
 

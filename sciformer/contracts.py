@@ -91,8 +91,13 @@ class PredictOptions:
     rotations: int = 1  # point scenes: test-time turns about z, the first unturned (--tta-rotations)
     flip: bool = False  # point scenes: each view also mirrored in x (--tta-flip)
     votes: int = 1  # shape classification: augmented copies averaged (--votes)
+    probabilities: bool = False  # per-point / per-pixel outputs also carry class probabilities (--probabilities)
+    columns: str | None = None  # point files without a header (raw .bin scans): "x,y,z,intensity[:float32]" (--columns)
+    category: str | None = None  # part segmentation: the shape's category, e.g. Airplane (--category)
+    labels: str | None = None  # hyperspectral: a ground-truth label map for the figure and metrics (--labels)
 
-    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes"}
+    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",
+             "probabilities": "--probabilities", "columns": "--columns", "category": "--category", "labels": "--labels"}
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 4.0:

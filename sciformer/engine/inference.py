@@ -4,6 +4,8 @@ the ``batch -> logits`` function that evaluation, export and ``sciformer predict
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from sciformer.engine import builders
 from sciformer.engine.checkpoint import load_checkpoint
 from sciformer.engine.loops import autocast, to_device
 from sciformer.engine.runtime import pick_device
-from sciformer.errors import CheckpointError
+from sciformer.errors import CheckpointError, SciformerError
 
 RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
 
@@ -29,13 +31,31 @@ def checkpoint_experiment(state: dict[str, Any], ckpt_path: Path, overrides: lis
     return config.from_dict(state["config"], Path(state["config_dir"]), overrides, source=f"checkpoint '{ckpt_path}' config")
 
 
+def trained_feature_overrides(state: dict[str, Any], overrides: list[str]) -> list[str]:
+    """``data.features=[...]`` as the checkpoint's model was trained, unless the user set it.
+
+    Datasets that pick features from the files (e.g. colour when every tile has RGB) would
+    otherwise pick them again from new files and feed the model channels it never saw.
+    """
+    from sciformer.registry import DATASETS
+
+    features = (state.get("data_state") or {}).get("features")
+    name = ((state.get("config") or {}).get("data") or {}).get("name")
+    if not isinstance(features, list) or not isinstance(name, str) or name not in DATASETS:
+        return []
+    fields = getattr(DATASETS.get(name).config, "model_fields", {})
+    if "features" not in fields or any(o.split("=", 1)[0].strip() == "data.features" for o in overrides):
+        return []
+    return [f"data.features={json.dumps([str(f) for f in features])}"]
+
+
 def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str | None = None) -> tuple[Experiment, dict[str, Any], nn.Module, torch.device]:
     """Experiment, checkpoint state, model (eval mode, on its device) and device of a checkpoint or run folder.
 
     A run folder means its ``checkpoints/best.pt``; every mismatch is a one-line CheckpointError.
     """
     state = load_checkpoint(ckpt_path, in_run="best.pt")  # a run folder: the model its metrics.json reports
-    exp = checkpoint_experiment(state, ckpt_path, overrides)
+    exp = checkpoint_experiment(state, ckpt_path, list(overrides) + trained_feature_overrides(state, overrides))
     device = pick_device(device_name or exp.cfg.train.device)
     try:
         info = builders.data_info_from_dict(state["data_info"])
@@ -65,3 +85,106 @@ def predict_fn(model: nn.Module, device: torch.device, amp: str) -> PredictFn:
     return predict
 
 
+
+
+# ------------------------------------------------------------------------- prediction files
+
+# Inputs a folder given to ``predict --input`` contributes (point clouds and hyperspectral cubes).
+INPUT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz", ".bin",
+                  ".mat", ".hdr", ".lan", ".tif", ".tiff")
+# Files a format writes beside its named output (ENVI: header + data).
+_COMPANIONS = {".hdr": (".img",), ".img": (".hdr",)}
+
+
+def expand_inputs(specs: list[str]) -> list[Path]:
+    """Files of ``--input`` values: files, folders (their point/cube files) or quoted globs."""
+    import glob
+
+    out: list[Path] = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        if path.is_file():
+            found = [path]
+        elif path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                           and p.suffix.lower() in INPUT_SUFFIXES)
+            if not found:
+                raise SciformerError(f"--input '{spec}': the folder holds no input file ({', '.join(INPUT_SUFFIXES)})")
+        elif glob.has_magic(spec):
+            found = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+            if not found:
+                raise SciformerError(f"--input '{spec}' matches no file")
+        else:
+            raise SciformerError(f"--input '{spec}' does not exist")
+        out.extend(found)
+    seen: set[Path] = set()
+    unique = []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    return unique
+
+
+def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *, fmt: str | None = None,
+                 overwrite: bool = False, many: bool = False) -> list[tuple[Path, Path]]:
+    """(input, output) pairs, checked before anything is loaded.
+
+    One input and an ``output`` with a suffix: that file. Several inputs (or ``many``, a
+    folder or glob given): ``output`` is a folder and each input ``a.ext`` becomes
+    ``output/a<suffix>`` (``fmt``, else the input's suffix when it is an output format,
+    else the first of ``suffixes``). Refused, each as a one-line error: an unknown
+    suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
+    output that is one of the inputs (always).
+    """
+    folder = many or len(inputs) > 1 or output.is_dir() or str(output).endswith(os.sep)
+    if fmt is not None:
+        fmt = fmt if fmt.startswith(".") else f".{fmt}"
+        if fmt.lower() not in suffixes:
+            raise SciformerError(f"--format '{fmt}': use one of {', '.join(suffixes)}")
+    pairs: list[tuple[Path, Path]] = []
+    if folder:
+        if output.exists() and not output.is_dir():
+            raise SciformerError(f"--output '{output}' is a file, but {len(inputs)} inputs need a folder")
+        if not output.is_dir() and output.suffix.lower() in suffixes:
+            raise SciformerError(f"--output '{output}': several inputs need an output folder; use --format to pick the format")
+        for p in inputs:
+            suffix = (fmt or (p.suffix.lower() if p.suffix.lower() in suffixes else suffixes[0])).lower()
+            pairs.append((p, output / f"{p.stem}{suffix}"))
+        names = [o.name for _, o in pairs]
+        clash = next((n for n in names if names.count(n) > 1), None)
+        if clash:
+            raise SciformerError(f"--output '{output}': two inputs would both write {clash}; predict them separately")
+    else:
+        if fmt is not None and output.suffix.lower() != fmt.lower():
+            raise SciformerError(f"--format '{fmt}' disagrees with --output '{output}'")
+        if output.suffix.lower() not in suffixes:
+            raise SciformerError(f"--output '{output}': unsupported suffix '{output.suffix}'; use one of {', '.join(suffixes)}")
+        if not output.parent.is_dir():
+            raise SciformerError(f"--output '{output}': folder '{output.parent}' does not exist")
+        pairs.append((inputs[0], output))
+    taken = {p.resolve() for p in inputs} | {p.resolve().with_suffix(s) for p in inputs for s in _COMPANIONS.get(p.suffix.lower(), ())}
+    for _, out in pairs:
+        written = [out] + [out.with_suffix(s) for s in _COMPANIONS.get(out.suffix.lower(), ())]
+        for w in written:
+            if w.resolve() in taken:
+                raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
+            if w.exists() and not overwrite:
+                raise SciformerError(f"--output '{w}' exists; pass --overwrite to replace it")
+            if w.exists() and w.is_dir():
+                raise SciformerError(f"--output '{w}' is a directory")
+    return pairs
+
+
+def prediction_suffixes(predictor: Any) -> tuple[str, ...]:
+    """Output suffixes ``predictor`` writes (its ``suffixes``), or those of every dataset for None."""
+    from sciformer.registry import DATASETS
+
+    if predictor is not None:
+        return tuple(getattr(predictor, "suffixes", ())) or (".npy",)
+    out: list[str] = []
+    for entry in DATASETS.entries():
+        for suffix in getattr(entry.predictor, "suffixes", ()):
+            if suffix not in out:
+                out.append(suffix)
+    return tuple(out)

@@ -1,7 +1,7 @@
 """Point-cloud readers and datasets.
 
 Importing this package registers the datasets ``modelnet``, ``s3dis``,
-``shapenetpart`` and ``las_tiles`` in :data:`sciformer.registry.DATASETS`.
+``shapenetpart``, ``las_tiles`` and ``point_scenes`` in :data:`sciformer.registry.DATASETS`.
 
 Modules: ``io`` (read_point_file; formats in ``ply``, ``pcd``, ``mesh``, ``las``),
 ``sample`` (sample layout, packed collation), ``task`` (base dataset and TaskData),
@@ -9,7 +9,7 @@ Modules: ``io`` (read_point_file; formats in ``ply``, ``pcd``, ``mesh``, ``las``
 dataset (``modelnet``, ``s3dis``, ``shapenetpart``, ``lidar``).
 """
 
-from sciformer.data.pointcloud import lidar, modelnet, s3dis, shapenetpart
+from sciformer.data.pointcloud import lidar, modelnet, point_scenes, s3dis, shapenetpart
 from sciformer.data.pointcloud.io import (
     read_off,
     read_point_file,
@@ -20,6 +20,6 @@ from sciformer.data.pointcloud.sample import collate_points
 from sciformer.data.pointcloud.shapenetpart import part_miou
 
 __all__ = [
-    "collate_points", "lidar", "modelnet", "part_miou", "read_off", "read_point_file",
+    "collate_points", "lidar", "modelnet", "part_miou", "point_scenes", "read_off", "read_point_file",
     "s3dis", "sample_mesh_surface", "shapenetpart", "write_ply",
 ]

@@ -42,7 +42,8 @@ from sciformer.data.pointcloud.pcd import lzf_decompress, read_pcd
 from sciformer.data.pointcloud.ply import read_ply, write_ply
 from sciformer.errors import DataError
 
-POINT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz")
+POINT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz", ".bin")
+BIN_DTYPES = ("float32", "float64", "int16", "int32", "uint8", "uint16", "uint32")
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf)$", re.IGNORECASE)
 
 
@@ -232,16 +233,55 @@ def _table_to_points(path: Path, table: np.ndarray, columns: Sequence[str] | Non
     return from_named_columns(path, {_COLUMN_ALIASES.get(n, n): table[:, i] for i, n in enumerate(names) if n != "_"})
 
 
-def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> PointData:
+def parse_columns(spec: str | Sequence[str] | None, where: str = "--columns") -> tuple[list[str] | None, str]:
+    """``"x,y,z,intensity"`` or ``"x,y,z,intensity:float64"`` (or a list) -> (names, binary dtype).
+
+    The optional ``:dtype`` after the last name sets the record type of raw ``.bin``
+    scans (default float32, KITTI's layout); names as in :func:`read_point_file`.
+    """
+    if spec is None:
+        return None, "float32"
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+    dtype = "float32"
+    if names and ":" in names[-1]:
+        names[-1], dtype = (t.strip() for t in names[-1].split(":", 1))
+    if dtype not in BIN_DTYPES:
+        raise DataError(f"{where}: unknown record type '{dtype}'; expected one of {', '.join(BIN_DTYPES)}")
+    if len(names) < 3 or any(not n for n in names):
+        raise DataError(f"{where}: expected at least 3 comma-separated column names (e.g. x,y,z,intensity), got {spec!r}")
+    return [n.lower() for n in names], dtype
+
+
+def _read_bin(path: Path, columns: Sequence[str] | None, dtype: str) -> PointData:
+    """A raw scan of fixed-size records (KITTI Velodyne: x, y, z, intensity as float32)."""
+    if columns is None:
+        raise fail(path, "a raw .bin scan has no header; name its columns, e.g. --columns x,y,z,intensity "
+                         "(or data.columns: [x, y, z, intensity]; add ':float64' for double records)")
+    width = len(columns) * np.dtype(dtype).itemsize
+    size = path.stat().st_size
+    if size == 0 or size % width:
+        raise fail(path, f"{size} bytes is not a whole number of {len(columns)}-column {dtype} records ({width} bytes each)")
+    table = np.fromfile(path, dtype=np.dtype(dtype).newbyteorder("<")).reshape(-1, len(columns))  # (n, c)
+    return from_named_columns(path, {_COLUMN_ALIASES.get(n, n): table[:, i] for i, n in enumerate(columns) if n != "_"})
+
+
+def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str | None = None, *,
+                    keep_invalid: bool = False) -> PointData:
     """Read a point-cloud (or mesh) file into a dict of arrays (see module docstring).
 
     ``columns`` names the columns of text tables and plain ``.npy`` arrays
     (``x y z nx ny nz red green blue intensity label``, ``_`` to skip one); without
     it, a header row is used if present, else the layout is guessed from the width
     (3: xyz; 4: xyz + label/intensity; 6: xyz + normals or colour; 7: ... + label).
-    OFF meshes return their vertices as ``coord`` plus ``faces``.
+    OFF meshes return their vertices as ``coord`` plus ``faces``. Raw ``.bin`` scans need
+    ``columns`` (a list, or a string as in :func:`parse_columns`).
+
+    ``keep_invalid=True`` keeps points with NaN/Inf coordinates (e.g. the holes of an
+    organised Kinect PCD) in file order, for callers that mask them; by default they
+    are an error (and dropped from PCD files).
     """
     path = Path(path)
+    columns, bin_dtype = parse_columns(columns, "columns")
     if path.exists() and not path.is_file():
         raise DataError(f"{path}: not a file (a directory?); expected a point-cloud file")
     if not path.is_file():
@@ -250,7 +290,9 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | None 
     if suffix == ".ply":
         data = read_ply(path)
     elif suffix == ".pcd":
-        data = read_pcd(path)
+        data = read_pcd(path, keep_invalid=keep_invalid)
+    elif suffix == ".bin":
+        data = _read_bin(path, columns, bin_dtype)
     elif suffix in (".xyz", ".txt", ".pts", ".csv"):
         data = _read_table(path, columns)
     elif suffix in (".npy", ".npz"):
@@ -262,10 +304,15 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | None 
         data = read_las(path)
     else:
         raise DataError(f"{path}: unknown point-cloud suffix '{suffix}'; expected one of {', '.join(POINT_SUFFIXES)}")
+    if keep_invalid:
+        coord = data["coord"]
+        if coord.ndim != 2 or coord.shape[1] != 3 or coord.shape[0] == 0:
+            return check_points(path, data)  # the shape errors
+        return data
     return check_points(path, data)
 
 
 __all__ = [
-    "POINT_SUFFIXES", "PointData", "las_has_rgb", "lzf_decompress", "parse_text_table",
+    "BIN_DTYPES", "POINT_SUFFIXES", "parse_columns", "PointData", "las_has_rgb", "lzf_decompress", "parse_text_table",
     "read_off", "read_point_file", "sample_mesh_surface", "write_ply",
 ]

@@ -34,6 +34,7 @@ Tiles are decoded once into ``ctx.cache_dir/las_tiles`` (.npy, memory-mapped).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,16 +55,20 @@ from sciformer.data.pointcloud.cache import (
     save_arrays_atomic,
 )
 from sciformer.data.pointcloud.dataset import PointDataset, state_value
+from sciformer.data.pointcloud.export import (
+    POINT_OUTPUTS,
+    asprs_codes_from_table,
+    check_output_suffix,
+    write_point_predictions,
+)
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
+from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
-    ArrayScene,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
     check_eval_transform_specs,
-    predict_scene_file,
-    write_point_predictions,
 )
 from sciformer.data.transforms import (
     CenterShift,
@@ -270,35 +275,38 @@ def predict_las_file(
 ) -> Path:
     """Classify every point of a tile (.las/.laz or another point file) with a trained model.
 
-    Uses the checkpoint's class table, features, intensity scale and grid size.
-    Output by suffix: ``.npy`` (n,) int64 labels, or ``.ply`` (x, y, z in double,
-    colour, ``pred``, ``label`` when the tile is classified) plus a ``.npy`` sibling.
-    ``options`` sets the chunk overlap (context points per core point) and the
-    test-time views (turns about z, mirrored copies) whose softmax is summed per point.
+    Uses the checkpoint's class table, features, intensity scale and grid size (never
+    the new file's own). Output by suffix (:mod:`sciformer.data.pointcloud.export`):
+    ``.las``/``.laz`` (the input tile with predicted ASPRS codes in ``classification``,
+    the original classes and a confidence as extra dimensions), ``.ply``, ``.npz`` or
+    ``.npy``. ``options`` sets the chunk overlap, the test-time views and whether class
+    probabilities are written.
     """
     options = options or PredictOptions()
-    options.require_defaults("las_tiles", "votes")
-    input_path = Path(input_path)
+    options.require_defaults("las_tiles", "votes", "category", "labels")
+    input_path, output_path = Path(input_path), Path(output_path)
+    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
     classes = state_value(state, "classes", "las_tiles")
     features = list(state_value(state, "features", "las_tiles"))
-    data = read_point_file(input_path)
+    data = read_cloud(input_path, options.columns)
+    require_features(input_path, data, features)
     arrays: dict[str, np.ndarray] = {"coord": data["coord"]}
     for key in ("intensity", "colour"):
         if key in data:
             arrays[key] = data[key]
     if "label" in data:  # ASPRS classification of a LAS tile: the truth to compare with
         arrays["code"] = data["label"]
-    missing = [f for f in features if f in ("intensity", "colour") and f not in arrays]
-    if missing:
-        raise DataError(f"{input_path}: the model uses {', '.join(missing)} but the file has none")
-    scale = state.get("intensity_scale") or max(float(np.percentile(arrays.get("intensity", np.ones(1)), 99)), 1.0)
+    finite = arrays.get("intensity", np.ones(1))
+    finite = finite[np.isfinite(finite)] if np.isfinite(finite).any() else np.ones(1)
+    scale = state.get("intensity_scale") or max(float(np.percentile(finite, 99)), 1.0)
     sample = tile_sample(arrays, code_table(classes, state_value(state, "unmapped", "las_tiles")), scale)
-    dataset = SceneEvalDataset(
-        ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
-        part_z="min", transform=None, features=features, seed=0,
+    prediction = predict_cloud(
+        predict, sample, class_names=list(classes),
+        features=features, grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"), part_z="min",
+        transform=None, batch_size=batch_size, options=options, desc=input_path.name,
     )
-    pred = predict_scene_file(dataset, predict, batch_size=batch_size, num_classes=len(classes), options=options)
-    return write_point_predictions(output_path, sample, pred)
+    return write_point_predictions(output_path, sample, prediction, source=input_path,
+                                   asprs_codes=asprs_codes_from_table(classes), probabilities=options.probabilities)
 
 
 @DATASETS.register("las_tiles", config=LasTilesConfig, predictor=predict_las_file)
@@ -309,7 +317,8 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
     for split, files in (("train", cfg.train_files), ("val", cfg.val_files), ("test", cfg.test_files)):
         paths[split] = []
         for f in files:
-            p = root / f
+            p = Path(os.path.expandvars(f)).expanduser()
+            p = p if p.is_absolute() else root / p  # absolute paths and $VARS work too
             if p.exists() and not p.is_file():
                 raise DataError(f"data.{split}_files: '{f}' under {root} is not a file; expected a .las/.laz tile")
             if not p.is_file():
@@ -326,7 +335,8 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         if "colour" in features:
             missing = [p.name for p, ok in with_rgb.items() if not ok]
             if missing:
-                raise DataError(f"data.features: 'colour' asked but {', '.join(missing)} has no RGB")
+                raise DataError(f"data.features: 'colour' is used but {', '.join(missing)} has no RGB; "
+                               "drop 'colour' from data.features or use tiles with RGB")
     table = code_table(cfg.classes, cfg.unmapped)
     cache_dir = ctx.cache_dir / "las_tiles"
     tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir) for s in paths}
@@ -350,7 +360,7 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
     protocol = {
         "dataset": "las_tiles",
         "root": str(root),
-        "files": {s: [str(p.relative_to(root)) for p in ps] for s, ps in paths.items()},
+        "files": {s: [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in ps] for s, ps in paths.items()},
         "classes": {k: list(v) for k, v in cfg.classes.items()},
         "unmapped": cfg.unmapped,
         "features": features,
@@ -379,3 +389,6 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         protocol=protocol,
         state=state,
     )
+
+
+predict_las_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads

@@ -230,6 +230,9 @@ def predict_modelnet_file(
     return output_path
 
 
+predict_modelnet_file.suffixes = (".json", ".npy")  # type: ignore[attr-defined]  # checked before the model loads
+
+
 @DATASETS.register("modelnet", config=ModelNetConfig, predictor=predict_modelnet_file)
 def build_modelnet(cfg: ModelNetConfig, ctx: BuildContext) -> PointTask:
     """ModelNet10/40 shape classification (h5, normal_resampled text or raw .off layouts)."""

@@ -49,7 +49,9 @@ def lzf_decompress(data: bytes, out_len: int) -> bytes:
     return bytes(out)
 
 
-def read_pcd(path: Path) -> PointData:
+def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
+    """Read a PCD file; organised clouds' NaN holes are dropped unless ``keep_invalid``
+    (then every point stays, in file order, and the caller masks the holes)."""
     with open(path, "rb") as fh:
         header: dict[str, list[str]] = {}
         for lineno in range(1, 200):
@@ -130,7 +132,7 @@ def read_pcd(path: Path) -> PointData:
     columns = {k: v for k, v in columns.items() if v.ndim == 1}  # per-point scalars only
     out = from_named_columns(path, columns)
     keep = np.all(np.isfinite(out["coord"]), axis=1)  # organised clouds mark holes with NaN
-    if not keep.all():
+    if not keep.all() and not keep_invalid:
         n = out["coord"].shape[0]
         out = {k: (v[keep] if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n else v)
                for k, v in out.items()}

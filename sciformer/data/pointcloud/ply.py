@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,8 @@ def write_ply(
     coord: np.ndarray,
     colour: np.ndarray | None = None,
     normal: np.ndarray | None = None,
+    *,
+    comments: Sequence[str] = (),
     **scalar_fields: np.ndarray,
 ) -> Path:
     """Write points as binary little-endian PLY, atomically (temp file + rename).
@@ -183,6 +186,7 @@ def write_ply(
     ``colour`` (n, 3) as uchar red/green/blue (floats in [0, 1] are scaled by 255);
     ``normal`` (n, 3) as float nx/ny/nz; each ``scalar_fields`` entry (n,) under its
     name (int64 is written as int32, bool as uchar), e.g. ``pred=..., label=...``.
+    ``comments`` go into the header as ``comment`` lines (e.g. the class table).
     """
     path = Path(path)
     coord = np.asarray(coord)
@@ -226,9 +230,11 @@ def write_ply(
     table = np.empty(n, dtype=dtype)
     for name, _, values in fields:
         table[name] = values
-    header = ["ply", "format binary_little_endian 1.0", "comment written by sciformer", f"element vertex {n}"]
+    notes = [" ".join(str(c).split()) for c in comments]  # one header line each
+    header = ["ply", "format binary_little_endian 1.0", "comment written by sciformer"]
+    header += [f"comment {c}" for c in notes] + [f"element vertex {n}"]
     header += [f"property {type_names[code]} {name}" for name, code, _ in fields]
     header.append("end_header")
-    payload = ("\n".join(header) + "\n").encode("ascii") + table.tobytes()
+    payload = ("\n".join(header) + "\n").encode("ascii", errors="replace") + table.tobytes()
     atomic_write_bytes(path, payload)
     return path

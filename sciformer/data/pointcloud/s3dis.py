@@ -17,9 +17,10 @@ Rooms are converted once into ``ctx.cache_dir/s3dis/<key>/Area_N/<room>/``
 (``coord.npy`` float32, ``colour.npy`` uint8, ``label.npy`` uint8), never beside
 the raw data. z is measured from each room's lowest point.
 
-Splits: ``test_area`` (default 5) is held out for test; validation is either a
+Splits: ``test_area`` (default 5) is held out for test (``null``: no test split, for a
+copy with only some areas; evaluate with ``evaluation.split=val``); validation is either a
 whole ``val_area`` or a seeded ``val_fraction`` of the training rooms (never the
-test area). Training items are crops of grid-sampled rooms (``sphere``: the
+test area). Both areas must be among those found under ``root``. Training items are crops of grid-sampled rooms (``sphere``: the
 ``crop_points`` nearest points to a random point; ``box``: a random
 ``box_size`` x ``box_size`` m column resampled to ``crop_points``; ``none``: the
 whole room); each room appears ``loop`` times per epoch. Validation and test items
@@ -47,16 +48,15 @@ from sciformer.contracts import (
 )
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.dataset import PointDataset, state_value
-from sciformer.data.pointcloud.io import parse_text_table, read_point_file
+from sciformer.data.pointcloud.export import POINT_OUTPUTS, check_output_suffix, write_point_predictions
+from sciformer.data.pointcloud.io import parse_text_table
+from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
-    ArrayScene,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
     check_eval_transform_specs,
-    predict_scene_file,
-    write_point_predictions,
 )
 from sciformer.data.transforms import (
     CenterShift,
@@ -97,8 +97,8 @@ class S3DISConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     root: str | None = None  # default: $SCIFORMER_DATA/Stanford3dDataset_v1.2_Aligned_Version
-    test_area: int = Field(5, ge=1, le=6)
-    val_area: int | None = Field(None, ge=1, le=6)  # None: val_fraction of the training rooms
+    test_area: int | None = Field(5, ge=1)  # None: no test area (evaluate on val: evaluation.split=val)
+    val_area: int | None = Field(None, ge=1)  # None: val_fraction of the training rooms
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     split_seed: int = 0
     malformed_lines: Literal["skip", "error"] = "skip"
@@ -261,18 +261,23 @@ class S3DISTrainDataset(PointDataset):
         return self._shift(sample)
 
 
-def _split_rooms(records: list[dict[str, Any]], cfg: S3DISConfig) -> dict[str, list[dict[str, Any]]]:
+def _split_rooms(records: list[dict[str, Any]], cfg: S3DISConfig, root: Path | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Rooms of each split; the test and validation areas must be among the areas found."""
+    found = sorted({r["area"] for r in records})
+    where = f" under {root}" if root is not None else ""
+    listing = ", ".join(map(str, found))
     if cfg.val_area is not None and cfg.val_area == cfg.test_area:
         raise ConfigError(f"data.val_area: {cfg.val_area} is the test area; validation must not use test data")
+    for key, area in (("test_area", cfg.test_area), ("val_area", cfg.val_area)):
+        if area is not None and area not in found:
+            null = " or null (no test area; then evaluate with evaluation.split=val)" if key == "test_area" else " or null (a val_fraction of the training rooms)"
+            raise ConfigError(f"data.{key}: Area_{area} has no rooms{where} (areas found: {listing}); "
+                              f"set data.{key} to one of {listing}{null}")
     test = [r for r in records if r["area"] == cfg.test_area]
     rest = [r for r in records if r["area"] != cfg.test_area]
-    if not test:
-        raise DataError(f"no rooms in test area {cfg.test_area} (areas found: {sorted({r['area'] for r in records})})")
     if cfg.val_area is not None:
         val = [r for r in rest if r["area"] == cfg.val_area]
         train = [r for r in rest if r["area"] != cfg.val_area]
-        if not val:
-            raise DataError(f"no rooms in val area {cfg.val_area}")
     else:
         order = np.random.default_rng(cfg.split_seed).permutation(len(rest))
         k = int(round(cfg.val_fraction * len(rest)))
@@ -282,7 +287,8 @@ def _split_rooms(records: list[dict[str, Any]], cfg: S3DISConfig) -> dict[str, l
         val = [r for i, r in enumerate(rest) if i in held]
         train = [r for i, r in enumerate(rest) if i not in held]
     if not train:
-        raise DataError("no training rooms left after holding out the test and validation rooms")
+        raise DataError(f"no training rooms left{where} after holding out the test and validation rooms (areas found: "
+                        f"{listing}); use data.test_area=null or another data.val_area")
     return {"train": train, "val": val, "test": test}
 
 
@@ -299,33 +305,38 @@ def predict_s3dis_file(
     """Segment every point of a room file (e.g. ``<room>.txt`` lines 'x y z r g b', .ply, .npy).
 
     Uses the checkpoint's features and grid size; z is measured from the room's
-    lowest point as in training. Output by suffix: ``.npy`` (n,) int64 class ids, or
-    ``.ply`` (x, y, z, colour, ``pred``, ``label`` when the file has one) plus ``.npy``.
-    ``options`` sets the chunk overlap (context points per core point) and the
-    test-time views (turns about z, mirrored copies) whose softmax is summed per point.
+    lowest point as in training. Output by suffix (:mod:`sciformer.data.pointcloud.export`):
+    ``.npy``, ``.npz``, ``.ply`` (class names in the header) or ``.las``/``.laz`` for a
+    LAS input; one row per input point, NaN points as no data. ``options`` sets the
+    chunk overlap, the test-time views and whether class probabilities are written.
     """
     options = options or PredictOptions()
-    options.require_defaults("s3dis", "votes")
-    input_path = Path(input_path)
+    options.require_defaults("s3dis", "votes", "category", "labels")
+    input_path, output_path = Path(input_path), Path(output_path)
+    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
     features = list(state_value(state, "features", "s3dis"))
     class_names = list(state_value(state, "class_names", "s3dis"))
-    data = read_point_file(input_path)
-    if "colour" in features and "colour" not in data:
-        raise DataError(f"{input_path}: the model uses colour but the file has none (expected 'x y z r g b')")
+    data = read_cloud(input_path, options.columns)
+    require_features(input_path, data, features)
     coord = np.asarray(data["coord"], dtype=np.float64)  # (n, 3)
-    shifted = coord - np.array([0.0, 0.0, coord[:, 2].min()])
-    sample: Sample = {"coord": shifted}
+    z = coord[:, 2][np.isfinite(coord[:, 2])]
+    sample: Sample = {"coord": coord - np.array([0.0, 0.0, z.min() if len(z) else 0.0])}
     if "colour" in data:
         sample["colour"] = data["colour"]
-    dataset = SceneEvalDataset(
-        ArrayScene(sample, input_path.stem), grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"),
-        part_z="keep", transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), features=features, seed=0,
+    prediction = predict_cloud(
+        predict, sample, class_names=class_names, features=features, grid_size=state.get("grid_size"),
+        max_points=state.get("eval_max_points"), part_z="keep",
+        transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), batch_size=batch_size,
+        options=options, desc=input_path.name,
     )
-    pred = predict_scene_file(dataset, predict, batch_size=batch_size, num_classes=len(class_names), options=options)
-    out: Sample = {"coord": coord, "colour": data.get("colour")}
-    if "label" in data:
-        out["label"] = data["label"]
-    return write_point_predictions(output_path, out, pred)
+    out: Sample = {"coord": coord}
+    for key in ("colour", "label"):
+        if key in data:
+            out[key] = data[key]
+    return write_point_predictions(output_path, out, prediction, source=input_path, probabilities=options.probabilities)
+
+
+predict_s3dis_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
 
 
 @DATASETS.register("s3dis", config=S3DISConfig, predictor=predict_s3dis_file)
@@ -336,7 +347,7 @@ def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
         raise DataError(f"{root}: S3DIS folder not found (set data.root; see datasets/s3dis/README.md)")
     cache_root = ctx.cache_dir / "s3dis" / cache_key("s3dis-v1", str(root.resolve()), cfg.malformed_lines)
     records = prepare_s3dis(root, cache_root, cfg.malformed_lines)
-    rooms = _split_rooms(records, cfg)
+    rooms = _split_rooms(records, cfg, root)
     train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
                                 "data.train_transforms")
     eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
@@ -357,7 +368,9 @@ def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
     protocol = {
         "dataset": "s3dis",
         "root": str(root),
-        "test": f"Area {cfg.test_area}, every original point (export); items are grid-sampled rooms",
+        "test": (f"Area {cfg.test_area}, every original point (export); items are grid-sampled rooms"
+                 if cfg.test_area is not None else "none (data.test_area: null)"),
+        "areas": sorted({r["area"] for r in records}),
         "val": (f"Area {cfg.val_area}" if cfg.val_area is not None
                 else f"{cfg.val_fraction:g} of training rooms, seed {cfg.split_seed}"),
         "rooms": {k: len(v) for k, v in rooms.items()},

@@ -83,8 +83,24 @@ def test_splits(root: Path, ctx: BuildContext) -> None:
     assert [r["room"] for r in by_area.dataset("val").source.records] == ["hallway_1"]
     with pytest.raises(ConfigError, match="val_area: 5 is the test area"):
         build(root, ctx, val_area=5)
-    with pytest.raises(DataError, match="no rooms in test area 3"):
+    with pytest.raises(ConfigError, match=r"data.test_area: Area_3 has no rooms .*areas found: 1, 2, 5.*or null"):
         build(root, ctx, test_area=3)
+    with pytest.raises(ConfigError, match=r"data.val_area: Area_4 has no rooms"):
+        build(root, ctx, val_area=4)
+
+
+def test_only_some_areas(root: Path, ctx: BuildContext) -> None:
+    """A copy holding one area trains with test_area=null (today: 'no rooms in test area 5')."""
+    import shutil
+
+    for area in ("Area_2", "Area_5"):
+        shutil.rmtree(root / area)
+    with pytest.raises(ConfigError, match=r"Area_5 has no rooms .*\(areas found: 1\)"):
+        build(root, ctx)  # the default test area 5 is absent: say which areas exist
+    task = build(root, ctx, test_area=None, val_fraction=0.5)
+    assert task.describe()["rooms"] == {"train": 1, "val": 1, "test": 0}
+    assert task.describe()["test"] == "none (data.test_area: null)"
+    assert len(task.dataset("train")) == 1 and len(task.dataset("test")) == 0
 
 
 def test_training_crops(root: Path, ctx: BuildContext) -> None:

@@ -1,0 +1,203 @@
+"""Per-point predictions out, one row per input point in input order: .npy, .npz, .ply, .las/.laz.
+
+Points that cannot be classified (NaN/Inf coordinates or features) keep their row: their
+``pred`` is :data:`NO_DATA` (-1) and their ``valid`` flag 0, so a prediction file always
+has as many rows as its input and maps back to it by position.
+
+Formats (by the output suffix; nothing else is written):
+
+- ``.npy``: ``pred`` (n,) int64 class ids, -1 = no data.
+- ``.npz``: ``pred`` (n,) int64, ``valid`` (n,) bool, ``confidence`` (n,) float32 (the
+  winning class's probability, 0 where invalid), ``class_names`` (C,) str and, with
+  ``probabilities``, ``probabilities`` (n, C) float32.
+- ``.ply``: x, y, z (double when the input was), colour, ``pred`` (int), ``valid`` (uchar),
+  ``confidence`` (float), ``label`` when the input had one, and with ``probabilities`` one
+  float ``prob_<k>`` per class; header comments name the classes (``comment class 3 car``).
+- ``.las`` / ``.laz`` (input LAS/LAZ only): the input file with its header, point format,
+  scales, offsets, VLRs (CRS as WKT or GeoTIFF keys) and every dimension kept; the predicted
+  class in ``classification`` as an ASPRS code (``asprs_codes[k]`` for class k), and extra
+  dimensions ``original_classification`` (uint8), ``confidence`` (float32) and, with
+  ``probabilities``, ``prob_<k>`` (float32).
+
+Every file is written atomically (temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sciformer.data.pointcloud.ply import write_ply
+from sciformer.data.transforms import Sample
+from sciformer.errors import DataError
+from sciformer.utils.atomic import atomic_write_with
+
+NO_DATA = -1  # pred of a point that could not be classified
+POINT_OUTPUTS = (".npy", ".npz", ".ply", ".las", ".laz")
+LAS_SUFFIXES = (".las", ".laz")
+LAS_NEVER_CLASSIFIED = 0  # ASPRS "created, never classified": LAS code of an unpredicted point
+LAS_UNCLASSIFIED = 1  # ASPRS "unclassified": the code of a class with no ASPRS code of its own
+
+
+@dataclass
+class PointPrediction:
+    """Class probabilities of every input point and which points were classified.
+
+    Attributes:
+        probs: (n, C) float32 class probabilities; rows of invalid points are 0.
+        valid: (n,) bool, False where the point could not be classified.
+        class_names: the C class names.
+    """
+
+    probs: np.ndarray
+    valid: np.ndarray
+    class_names: list[str]
+
+    @property
+    def pred(self) -> np.ndarray:
+        """(n,) int64 class ids, :data:`NO_DATA` where invalid."""
+        out = self.probs.argmax(axis=1).astype(np.int64)  # (n,)
+        out[~self.valid] = NO_DATA
+        return out
+
+    @property
+    def confidence(self) -> np.ndarray:
+        """(n,) float32 probability of the predicted class, 0 where invalid."""
+        conf = self.probs.max(axis=1).astype(np.float32)  # (n,)
+        conf[~self.valid] = 0.0
+        return conf
+
+
+def check_output_suffix(output_path: Path, suffixes: Sequence[str], input_path: Path | None = None) -> str:
+    """The lower-case suffix of ``output_path`` if it is one of ``suffixes`` (a one-line DataError otherwise).
+
+    ``.las``/``.laz`` outputs need a LAS/LAZ input (they copy its header and points).
+    """
+    suffix = output_path.suffix.lower()
+    if suffix not in suffixes:
+        raise DataError(f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(suffixes)}")
+    if suffix in LAS_SUFFIXES and input_path is not None and input_path.suffix.lower() not in LAS_SUFFIXES:
+        raise DataError(f"{output_path}: LAS/LAZ output copies a LAS/LAZ input, but '{input_path.name}' is not one; "
+                        "use .ply, .npz or .npy")
+    return suffix
+
+
+def class_comments(class_names: Sequence[str]) -> list[str]:
+    """PLY header comments: the class table and the no-data convention."""
+    lines = [f"class {k} {name}" for k, name in enumerate(class_names)]
+    return lines + [f"pred {NO_DATA} = no data (valid 0: NaN/Inf input point, not classified)"]
+
+
+def write_point_predictions(
+    output_path: str | os.PathLike[str],
+    sample: Sample,
+    prediction: PointPrediction,
+    *,
+    source: Path | None = None,
+    asprs_codes: Sequence[int] | None = None,
+    probabilities: bool = False,
+) -> Path:
+    """Write ``prediction`` for every point of ``sample`` (coord (n, 3), optional colour, label)
+    in the format of ``output_path``'s suffix (see the module docstring); returns the path.
+
+    ``source`` is the input file (needed for .las/.laz); ``asprs_codes`` (C,) maps classes
+    to ASPRS codes for LAS (default: the class index).
+    """
+    output_path = Path(output_path)
+    suffix = check_output_suffix(output_path, POINT_OUTPUTS, source)
+    n = len(prediction.valid)
+    coord = np.asarray(sample["coord"])
+    if coord.shape[0] != n:
+        raise DataError(f"{output_path}: {n} predictions for {coord.shape[0]} input points")
+    pred = prediction.pred
+    if suffix == ".npy":
+        atomic_write_with(output_path, lambda tmp: np.save(tmp, pred))
+    elif suffix == ".npz":
+        arrays = {"pred": pred, "valid": prediction.valid, "confidence": prediction.confidence,
+                  "class_names": np.asarray(prediction.class_names, dtype=str)}
+        if probabilities:
+            arrays["probabilities"] = prediction.probs.astype(np.float32)
+        atomic_write_with(output_path, lambda tmp: np.savez_compressed(tmp, **arrays))
+    elif suffix == ".ply":
+        fields: dict[str, np.ndarray] = {"pred": pred.astype(np.int32), "valid": prediction.valid,
+                                         "confidence": prediction.confidence}
+        if "label" in sample:
+            fields["label"] = np.asarray(sample["label"]).astype(np.int32)
+        if probabilities:
+            fields.update({f"prob_{k}": prediction.probs[:, k].astype(np.float32) for k in range(prediction.probs.shape[1])})
+        colour = sample.get("colour")
+        write_ply(output_path, coord, None if colour is None else np.nan_to_num(np.asarray(colour)),
+                  comments=class_comments(prediction.class_names), **fields)
+    else:
+        if source is None:
+            raise DataError(f"{output_path}: LAS/LAZ output needs the input LAS/LAZ file")
+        write_las_predictions(output_path, source, prediction, asprs_codes, probabilities=probabilities)
+    return output_path
+
+
+def write_las_predictions(
+    output_path: Path,
+    source: Path,
+    prediction: PointPrediction,
+    asprs_codes: Sequence[int] | None,
+    *,
+    probabilities: bool = False,
+) -> Path:
+    """Copy the LAS/LAZ ``source`` to ``output_path`` with predicted ASPRS codes and extra dimensions.
+
+    The compression follows ``output_path``'s suffix (.laz compressed); everything else of
+    the source (header, point format, scales, offsets, VLRs, dimensions) is kept.
+    """
+    import laspy
+
+    from sciformer.data.pointcloud.las import laspy_errors
+
+    num_classes = prediction.probs.shape[1]
+    codes = np.asarray(list(asprs_codes) if asprs_codes is not None else range(num_classes), dtype=np.int64)
+    if codes.shape != (num_classes,):
+        raise DataError(f"{output_path}: {len(codes)} ASPRS codes for {num_classes} classes")
+    with laspy_errors(source, "LAS/LAZ"):
+        las = laspy.read(source)
+    n = len(las.points)
+    if n != len(prediction.valid):
+        raise DataError(f"{output_path}: {len(prediction.valid)} predictions for the {n} points of {source}")
+    legacy = las.header.point_format.id < 6  # point formats 0-5 store 5-bit classes
+    top = 31 if legacy else 255
+    if codes.min() < 0 or codes.max() > top:
+        raise DataError(f"{output_path}: ASPRS codes {codes.min()}..{codes.max()} do not fit point format "
+                        f"{las.header.point_format.id} of {source.name} (0..{top})")
+    original = np.asarray(las.classification, dtype=np.uint8).copy()  # (n,)
+    pred = prediction.pred
+    new = np.where(pred >= 0, codes[np.clip(pred, 0, None)], LAS_NEVER_CLASSIFIED)  # (n,)
+    extra = {"original_classification": (np.uint8, original), "confidence": (np.float32, prediction.confidence)}
+    if probabilities:
+        extra.update({f"prob_{k}": (np.float32, prediction.probs[:, k]) for k in range(num_classes)})
+    have = set(las.point_format.dimension_names)
+    add = [laspy.ExtraBytesParams(name=name, type=dt, description=_describe(name)) for name, (dt, _) in extra.items()
+           if name not in have]
+    with laspy_errors(output_path, "LAS/LAZ output"):
+        if add:
+            las.add_extra_dims(add)
+        las.classification = new.astype(np.uint8)
+        for name, (dt, values) in extra.items():
+            las[name] = np.asarray(values).astype(dt)
+        atomic_write_with(output_path, lambda tmp: las.write(str(tmp), do_compress=output_path.suffix.lower() == ".laz"))
+    return output_path
+
+
+def _describe(name: str) -> str:
+    if name == "original_classification":
+        return "classification before prediction"
+    if name == "confidence":
+        return "probability of predicted class"
+    return f"probability of class {name[5:]}"[:32]
+
+
+def asprs_codes_from_table(classes: dict[str, list[int]]) -> list[int]:
+    """ASPRS code of each class of a ``{class: [codes]}`` table: its first code, or
+    :data:`LAS_UNCLASSIFIED` (1) for a catch-all class with none."""
+    return [int(codes[0]) if codes else LAS_UNCLASSIFIED for codes in classes.values()]

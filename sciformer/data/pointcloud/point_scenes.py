@@ -1,0 +1,338 @@
+"""Your own labelled point clouds: semantic segmentation of any folder of scene files.
+
+Any files :func:`~sciformer.data.pointcloud.io.read_point_file` reads (PLY, PCD, NPY/NPZ,
+text tables, LAS/LAZ, raw ``.bin`` scans with ``columns``) with a per-point label, either
+a field of the file (``label`` / ``class`` / ``classification`` ...) or a sibling label file.
+See ``datasets/point_scenes/README.md``::
+
+    data:
+      name: point_scenes
+      root: $SCIFORMER_DATA/semantickitti_scans
+      train_files: ["seq01_00000[01]_points.npy"]    # paths or globs, relative to root or absolute
+      val_files: [seq01_000002_points.npy]
+      test_files: [demo_000700_points.npy]            # [] : no test split
+      label_files: [_points.npy, _labels.npy]         # labels from a sibling file (name substitution)
+      classes: {car: [1], bicycle: [2], ...}          # class -> the label values it takes
+      # or  classes: [ground, tree, building]         # label value k is class k
+      unmapped: ignore                                # values not listed: 'ignore' (-1) or a class name
+      columns: null                                   # e.g. [x, y, z, intensity] for raw .bin scans
+      features: [intensity]                           # coord, colour, intensity, normal, height
+
+Training items are crops of ``crop_points`` points around a random point (after
+optional grid sampling, ``loop`` per file and epoch), recentred in x, y and with z from
+the crop's lowest point; validation and test items cover every point of whole files
+(split into parts of at most ``eval_max_points``), with test metrics on every point.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
+from sciformer.data.pointcloud.dataset import PointDataset, state_value
+from sciformer.data.pointcloud.export import POINT_OUTPUTS, check_output_suffix, write_point_predictions
+from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
+from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features, valid_points
+from sciformer.data.pointcloud.sample import check_features, feature_channels
+from sciformer.data.pointcloud.scenes import SceneEvalDataset, SceneSegmentationTask, SceneSource, check_eval_transform_specs
+from sciformer.data.transforms import CenterShift, Compose, GridSample, Sample, SphereCrop, build_transforms, check_transform_specs, index_points
+from sciformer.errors import DataError
+from sciformer.registry import DATASETS
+
+_FEATURES = ["coord", "colour", "intensity", "normal", "height"]
+DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
+    {"name": "random_rotate", "axis": "z", "angle": [-180, 180]},
+    {"name": "random_flip", "axes": ["x"], "p": 0.5},
+    {"name": "random_scale", "scale": [0.95, 1.05]},
+]
+TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
+EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
+
+
+class PointScenesConfig(BaseModel):
+    """``data:`` parameters of the ``point_scenes`` dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str | None = None  # folder relative file names and globs start from (default: the config's folder)
+    train_files: list[str] = Field(min_length=1)
+    val_files: list[str] = Field(min_length=1)
+    test_files: list[str] = []
+    classes: list[str] | dict[str, list[int]]
+    unmapped: str = "ignore"  # label values no class takes: 'ignore' (-1) or a class name
+    label_files: tuple[str, str] | None = None  # (from, to): labels in a sibling file named by substitution
+    columns: list[str] | str | None = None  # headerless tables and raw .bin scans, e.g. [x, y, z, intensity]
+    features: Annotated[list[str], AfterValidator(lambda v: check_features(v, _FEATURES))] = []
+    grid_size: float | None = Field(None, gt=0)
+    crop_points: int | None = Field(20000, gt=0)  # None: whole files as training items
+    loop: int = Field(1, ge=1)
+    eval_max_points: int | None = Field(100000, gt=0)
+    train_transforms: TransformList = None  # None: DEFAULT_TRAIN_TRANSFORMS; []: none
+    eval_transforms: EvalTransformList = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PointScenesConfig:
+        table = class_table(self.classes)
+        if not table:
+            raise ValueError("classes: at least one class is needed")
+        if self.unmapped != "ignore" and self.unmapped not in table:
+            raise ValueError(f"unmapped: '{self.unmapped}' is neither 'ignore' nor a class ({', '.join(table)})")
+        if self.columns is not None:
+            try:
+                parse_columns(self.columns, "data.columns")
+            except DataError as exc:
+                raise ValueError(str(exc).removeprefix("data.columns: ")) from None
+        return self
+
+
+def class_table(classes: list[str] | dict[str, list[int]]) -> dict[str, list[int]]:
+    """``{class: [label values]}``; a list of names means label value k is class k."""
+    if isinstance(classes, dict):
+        table = {str(k): [int(v) for v in vs] for k, vs in classes.items()}
+    else:
+        table = {str(name): [k] for k, name in enumerate(classes)}
+    seen: dict[int, str] = {}
+    for name, values in table.items():
+        for v in values:
+            if v in seen:
+                raise ValueError(f"classes.{name}: label value {v} is already class '{seen[v]}'")
+            seen[v] = name
+    return table
+
+
+def map_labels(raw: np.ndarray, table: dict[str, list[int]], unmapped: str) -> np.ndarray:
+    """Raw label values (n,) -> class ids (n,) int64 through ``table`` (unlisted: ``unmapped``)."""
+    names = list(table)
+    default = -1 if unmapped == "ignore" else names.index(unmapped)
+    raw = np.asarray(raw).astype(np.int64).reshape(-1)
+    values, inverse = np.unique(raw, return_inverse=True)
+    lookup = {v: k for k, name in enumerate(names) for v in table[name]}
+    mapped = np.array([lookup.get(int(v), default) for v in values], dtype=np.int64)
+    return mapped[inverse]
+
+
+def label_codes(table: dict[str, list[int]]) -> list[int]:
+    """The label value written for each class (its first; the class index when it has none)."""
+    return [values[0] if values else k for k, values in enumerate(table.values())]
+
+
+def expand_files(key: str, patterns: list[str], root: Path) -> list[Path]:
+    """Paths of ``patterns`` (file names or globs, relative to ``root`` or absolute; ``$VARS`` and ``~``)."""
+    out: list[Path] = []
+    for pattern in patterns:
+        text = os.path.expanduser(os.path.expandvars(pattern))
+        full = text if os.path.isabs(text) else str(root / text)
+        if glob.has_magic(text):
+            found = sorted(Path(p) for p in glob.glob(full) if Path(p).is_file())
+            if not found:
+                raise DataError(f"data.{key}: '{pattern}' matches no file under {root}")
+        else:
+            if not Path(full).is_file():
+                raise DataError(f"data.{key}: '{pattern}' not found under {root}" if not os.path.isabs(text)
+                                else f"data.{key}: '{pattern}' not found")
+            found = [Path(full)]
+        for p in found:
+            if p.suffix.lower() not in POINT_SUFFIXES:
+                raise DataError(f"data.{key}: '{p.name}' is not a point file ({', '.join(POINT_SUFFIXES)})")
+        out.extend(found)
+    return out
+
+
+def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:
+    """Labels of ``path`` from its sibling label file (``.npy``, ``.txt`` or SemanticKITTI ``.label``)."""
+    old, new = label_files
+    if old not in path.name:
+        raise DataError(f"{path}: data.label_files names '{old}', which the file name does not contain")
+    other = path.with_name(path.name.replace(old, new))
+    if not other.is_file():
+        raise DataError(f"{other}: label file of {path.name} not found (data.label_files: [{old}, {new}])")
+    suffix = other.suffix.lower()
+    try:
+        if suffix == ".npy":
+            return np.asarray(np.load(other, allow_pickle=False)).reshape(-1)
+        if suffix == ".label":  # SemanticKITTI: uint32, semantic label in the lower 16 bits
+            return (np.fromfile(other, dtype="<u4") & 0xFFFF).astype(np.int64)
+        return np.loadtxt(other, dtype=np.float64, ndmin=1).reshape(-1)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{other}: cannot read labels ({type(exc).__name__}: {exc})") from exc
+
+
+class SceneFiles(SceneSource):
+    """Labelled scene files read on access (a few kept in memory); invalid points dropped."""
+
+    def __init__(self, paths: list[Path], cfg: PointScenesConfig, features: list[str]) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.features = features
+        self.table = class_table(cfg.classes)
+        self._cache: OrderedDict[int, Sample] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def name(self, index: int) -> str:
+        return self.paths[index].stem
+
+    def key(self, index: int) -> str:
+        st = self.paths[index].stat()
+        return f"{self.paths[index].resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+    def load(self, index: int) -> Sample:
+        if index in self._cache:
+            self._cache.move_to_end(index)
+            return self._cache[index]
+        path = self.paths[index]
+        data = read_point_file(path, self.cfg.columns, keep_invalid=True)
+        raw = sibling_labels(path, self.cfg.label_files) if self.cfg.label_files else data.get("label")
+        if raw is None:
+            raise DataError(f"{path}: no label field (label, class, classification, ...); "
+                            "name a sibling label file with data.label_files")
+        if len(raw) != len(data["coord"]):
+            raise DataError(f"{path}: {len(raw)} labels for {len(data['coord'])} points")
+        require_features(path, data, self.features)
+        sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64), "label": map_labels(raw, self.table, self.cfg.unmapped)}
+        for key in ("colour", "intensity", "normal"):
+            if key in data:
+                sample[key] = np.asarray(data[key], dtype=np.float32)
+        ok = valid_points(sample, self.features)
+        if not ok.all():
+            sample = index_points(sample, np.flatnonzero(ok))
+        if len(sample["coord"]) == 0:
+            raise DataError(f"{path}: no point with finite coordinates")
+        self._cache[index] = sample
+        while len(self._cache) > 3:
+            self._cache.popitem(last=False)
+        return sample
+
+
+class SceneCropDataset(PointDataset):
+    """Training crops: ``crop_points`` nearest points to a random point of a (grid-sampled) file."""
+
+    def __init__(self, files: SceneFiles, cfg: PointScenesConfig, features: list[str], transform: Compose, seed: int) -> None:
+        super().__init__(transform, features, train=True, seed=seed)
+        self.files = files
+        self.cfg = cfg
+        self._grid = GridSample(cfg.grid_size, mode="train") if cfg.grid_size else None
+        self._crop = SphereCrop(cfg.crop_points, mode="random") if cfg.crop_points else None
+        self._shift = CenterShift(z="min")
+
+    def __len__(self) -> int:
+        return len(self.files) * self.cfg.loop
+
+    def describe_item(self, index: int) -> str:
+        return f"crop of {self.files.paths[index % len(self.files)]}"
+
+    def load(self, index: int, rng: np.random.Generator) -> Sample:
+        sample = dict(self.files.load(index % len(self.files)))
+        if self._grid is not None:
+            sample = self._grid(sample, rng)
+            sample.pop("inverse", None)
+        if self._crop is not None:
+            sample = self._crop(sample, rng)
+        return self._shift(sample)
+
+
+def predict_point_scenes_file(
+    cfg: PointScenesConfig,
+    state: dict[str, Any],
+    predict: PredictFn,
+    input_path: Path,
+    output_path: Path,
+    batch_size: int,
+    *,
+    options: PredictOptions | None = None,
+) -> Path:
+    """Segment every point of a new file with the checkpoint's classes, features, grid and columns.
+
+    Output by suffix (:mod:`sciformer.data.pointcloud.export`): ``.npy``, ``.npz``, ``.ply``
+    (class names in the header) or ``.las``/``.laz`` for a LAS input (classes written as
+    their first label value); one row per input point, NaN/Inf points as no data.
+    ``--columns`` overrides the trained ``data.columns`` for headerless files.
+    """
+    options = options or PredictOptions()
+    options.require_defaults("point_scenes", "votes", "category", "labels")
+    input_path, output_path = Path(input_path), Path(output_path)
+    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
+    table = {str(k): [int(v) for v in vs] for k, vs in state_value(state, "classes", "point_scenes").items()}
+    features = list(state_value(state, "features", "point_scenes"))
+    data = read_cloud(input_path, options.columns or state.get("columns"))
+    require_features(input_path, data, features)
+    sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64)}
+    for key in ("colour", "intensity", "normal"):
+        if key in data:
+            sample[key] = np.asarray(data[key], dtype=np.float32)
+    prediction = predict_cloud(
+        predict, sample, class_names=list(table), features=features, grid_size=state.get("grid_size"),
+        max_points=state.get("eval_max_points"), part_z="min",
+        transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), batch_size=batch_size,
+        options=options, desc=input_path.name,
+    )
+    out: Sample = {"coord": sample["coord"], "colour": data.get("colour")}
+    label_files = state.get("label_files")
+    raw = data.get("label")
+    if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():
+        raw = sibling_labels(input_path, (str(label_files[0]), str(label_files[1])))  # the truth, for the PLY's label field
+    if raw is not None and len(raw) == len(sample["coord"]):
+        out["label"] = map_labels(raw, table, str(state.get("unmapped", "ignore")))
+    return write_point_predictions(output_path, {k: v for k, v in out.items() if v is not None}, prediction,
+                                   source=input_path, asprs_codes=label_codes(table), probabilities=options.probabilities)
+
+
+predict_point_scenes_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
+
+
+@DATASETS.register("point_scenes", config=PointScenesConfig, predictor=predict_point_scenes_file)
+def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmentationTask:
+    """Your own labelled point clouds (any readable format, a class table in the YAML)."""
+    root = ctx.resolve(cfg.root) if cfg.root else ctx.base_dir
+    paths = {split: expand_files(f"{split}_files", getattr(cfg, f"{split}_files"), root) for split in ("train", "val", "test")}
+    owner: dict[Path, str] = {}
+    for split, ps in paths.items():
+        for p in ps:
+            if p.resolve() in owner:
+                raise DataError(f"data.{split}_files: {p.name} is also in data.{owner[p.resolve()]}_files; splits must not share files")
+            owner[p.resolve()] = split
+    table = class_table(cfg.classes)
+    features = list(cfg.features)
+    columns = cfg.columns if isinstance(cfg.columns, str) or cfg.columns is None else ",".join(cfg.columns)
+    files = {s: SceneFiles(ps, cfg, features) for s, ps in paths.items()}
+    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
+                                "data.train_transforms")
+    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+
+    def make_eval(split: str) -> Any:
+        return lambda: SceneEvalDataset(files[split], grid_size=cfg.grid_size, max_points=cfg.eval_max_points,
+                                        part_z="min", transform=eval_tf, features=features, seed=ctx.seed)
+
+    info = DataInfo(num_classes=len(table), class_names=list(table), in_channels=feature_channels(features),
+                    extras={"task": "segmentation", "features": features, "grid_size": cfg.grid_size})
+    protocol = {
+        "dataset": "point_scenes",
+        "root": str(root),
+        "files": {s: [str(p.relative_to(root)) if p.is_relative_to(root) else str(p) for p in ps] for s, ps in paths.items()},
+        "classes": table,
+        "unmapped": cfg.unmapped,
+        "features": features,
+        "crop": f"{cfg.crop_points} points around a random point" if cfg.crop_points else "whole files",
+        "grid_size": cfg.grid_size,
+        "test": "whole files, every point (export)" if paths["test"] else "none (data.test_files: [])",
+        "train_transforms": repr(train_tf),
+        "eval_transforms": repr(eval_tf),
+    }
+    state = {"classes": table, "unmapped": cfg.unmapped, "features": features, "grid_size": cfg.grid_size,
+             "eval_max_points": cfg.eval_max_points, "columns": columns,
+             "label_files": list(cfg.label_files) if cfg.label_files else None}
+    return SceneSegmentationTask(
+        info,
+        {"train": lambda: SceneCropDataset(files["train"], cfg, features, train_tf, ctx.seed),
+         "val": make_eval("val"), "test": make_eval("test")},
+        protocol=protocol,
+        state=state,
+    )

@@ -1,0 +1,118 @@
+"""Predict every point of a new cloud file exactly as a scene model was trained.
+
+Shared by the scene datasets' file predictors (``las_tiles``, ``s3dis``, ``point_scenes``,
+``shapenetpart``): read the file keeping every point (:func:`read_cloud`), check it has
+the features the checkpoint's model was trained with (:func:`require_features`), and
+predict class probabilities for every point (:func:`predict_cloud`), which the writers
+of :mod:`sciformer.data.pointcloud.export` store one row per input point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sciformer.contracts import PredictFn, PredictOptions
+from sciformer.data.pointcloud.chunking import predict_chunked, tta_views
+from sciformer.data.pointcloud.export import PointPrediction
+from sciformer.data.pointcloud.io import read_point_file
+from sciformer.data.pointcloud.sample import assemble_features
+from sciformer.data.transforms import CenterShift, Compose, Sample, grid_sample_indices, index_points
+from sciformer.errors import DataError
+from sciformer.utils.progress import progress
+
+# What a feature needs in the file, and what to say when it is missing.
+_FEATURE_FIELDS = {"colour": "red/green/blue colour", "intensity": "an intensity field", "normal": "normals (nx, ny, nz)"}
+
+
+def read_cloud(path: Path, columns: Sequence[str] | str | None = None) -> dict[str, np.ndarray]:
+    """Every point of a point file in file order, NaN/Inf points included (see :func:`valid_points`)."""
+    return read_point_file(path, columns, keep_invalid=True)
+
+
+def require_features(path: Path, data: dict[str, Any], features: Sequence[str]) -> None:
+    """A one-line DataError naming the first feature of ``features`` the file lacks."""
+    for name in features:
+        if name in _FEATURE_FIELDS and name not in data:
+            raise DataError(f"{path}: the model was trained with feature '{name}' but the file has no "
+                            f"{_FEATURE_FIELDS[name]}; use a file with it, or a model trained without it "
+                            f"(data.features without '{name}')")
+
+
+def valid_points(sample: Sample, features: Sequence[str] = ()) -> np.ndarray:
+    """(n,) bool: finite coordinates and finite values of every feature used."""
+    coord = np.asarray(sample["coord"])  # (n, 3)
+    ok = np.all(np.isfinite(coord), axis=1)
+    for name in features:
+        value = sample.get(name)
+        if name in _FEATURE_FIELDS and value is not None:
+            value = np.asarray(value, dtype=np.float64).reshape(len(coord), -1)  # (n, c)
+            ok &= np.all(np.isfinite(value), axis=1)
+    return ok
+
+
+def predict_cloud(
+    predict: PredictFn,
+    sample: Sample,
+    *,
+    class_names: Sequence[str],
+    features: Sequence[str],
+    grid_size: float | None,
+    max_points: int | None,
+    part_z: str,
+    transform: Compose | None,
+    batch_size: int,
+    options: PredictOptions,
+    desc: str = "predict",
+) -> PointPrediction:
+    """Class probabilities of every point of ``sample`` (coord (n, 3) float64 and feature arrays).
+
+    Invalid points (:func:`valid_points`) are left out of the model's input and get an
+    all-zero row and ``valid`` False. The valid points are grid-sampled (``grid_size``,
+    first point per voxel, mapped back to every point), predicted in chunks of at most
+    ``max_points`` (recentred in x, y and by ``part_z`` in z, then ``transform`` and the
+    features, as the scene datasets make their items), with ``options.overlap`` context
+    points per core point and the test-time views of ``options.rotations`` / ``options.flip``.
+    A progress bar shows on a terminal.
+
+    Shapes: sample coord (n, 3) -> probs (n, C), valid (n,).
+    """
+    coord = np.asarray(sample["coord"])  # (n, 3)
+    n, num_classes = coord.shape[0], len(class_names)
+    valid = valid_points(sample, features)
+    probs = np.zeros((n, num_classes), dtype=np.float32)  # (n, C)
+    if not valid.any():
+        return PointPrediction(probs, valid, list(class_names))
+    rows = np.flatnonzero(valid)
+    sub = index_points(sample, rows) if len(rows) < n else dict(sample)
+    sub = {k: v for k, v in sub.items() if k in ("coord", "label", "category") or k in features}
+    sub["coord"] = np.asarray(sub["coord"], dtype=np.float64)
+    if grid_size:
+        keep, inverse = grid_sample_indices(sub["coord"], grid_size)
+    else:
+        keep, inverse = np.arange(len(rows)), np.arange(len(rows))
+    shift = CenterShift(z=part_z)  # type: ignore[arg-type]
+    transform = transform or Compose([])
+
+    def prepare(piece: Sample) -> Sample:
+        return assemble_features(transform(shift(piece), np.random.default_rng([0, 0])), features, "chunk")
+
+    bar = progress(iter(()), desc, total=None)
+
+    def tick(done: int, total: int) -> None:
+        if hasattr(bar, "update"):
+            bar.total = total
+            bar.update(done - bar.n)
+
+    try:
+        kept = predict_chunked(predict, index_points(sub, keep), prepare, num_classes=num_classes,
+                               max_points=max_points, overlap=options.overlap, batch_size=batch_size,
+                               views=tta_views(options.rotations, options.flip), progress=tick)  # (m, C)
+    finally:
+        if hasattr(bar, "close"):
+            bar.close()
+    probs[rows] = kept[inverse]
+    return PointPrediction(probs, valid, list(class_names))
