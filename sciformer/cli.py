@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--tta-rotations", type=int, default=1, metavar="N", help="point scenes: average N turns about z (default 1)")
     predict.add_argument("--tta-flip", action="store_true", help="point scenes: also average mirrored views")
     predict.add_argument("--votes", type=int, default=1, metavar="V", help="shape classification: average V augmented copies (default 1)")
+    predict.add_argument("--probabilities", action="store_true", help="also write per-class probabilities (.ply, .npz, .las/.laz, .tif)")
+    predict.add_argument("--columns", metavar="NAMES", help="headerless point files and raw .bin scans: e.g. x,y,z,intensity (float32) or x,y,z,r,g,b:float64")
+    predict.add_argument("--category", help="part segmentation: the shape's category (e.g. Airplane)")
+    predict.add_argument("--labels", metavar="MAP", help="hyperspectral: a ground-truth label map for the figure and metrics")
+    _add_overrides(predict)
 
     sub.add_parser("info", help="versions, devices, optional backends, registered models and datasets")
     return parser
@@ -72,8 +77,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from sciformer import config
     from sciformer.engine.checkpoint import load_checkpoint
     from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
+    from sciformer.engine.runfolder import check_resume_config
+    from sciformer.engine.signals import terminate_as_interrupt
     from sciformer.engine.trainer import RunFolderError, Trainer
 
+    terminate_as_interrupt()  # SIGTERM before the first step or after the last: one line, exit 130
     overrides = list(args.overrides)
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
@@ -85,6 +93,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if missing:
             raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
         exp = checkpoint_experiment(state, ckpt_path, overrides)
+        check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
         run_dir = ckpt_path.resolve().parent.parent
         if args.output_dir is not None and args.output_dir.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {args.output_dir} differs from the resumed run folder {run_dir}; drop --output-dir")
@@ -228,11 +237,38 @@ def main(argv: list[str] | None = None) -> int:
     except SciformerError as exc:
         if os.environ.get("SCIFORMER_DEBUG"):
             raise
-        print(f"sciformer {args.command}: error: {exc}", file=sys.stderr)
+        _report(args.command, f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"sciformer {args.command}: interrupted", file=sys.stderr)
+        _quiet_signals()
+        _report(args.command, "interrupted")
         return 130
+    except (OSError, MemoryError) as exc:  # full disk, unwritable folder, an allocation the data asked for
+        if os.environ.get("SCIFORMER_DEBUG"):
+            raise
+        what = "out of memory" if isinstance(exc, MemoryError) else f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "")
+        _report(args.command, f"error: {what}")
+        return 2
+
+
+MAX_MESSAGE = 600  # characters: a 10 MB value in a config never prints 10 MB
+
+
+def _report(command: str, message: str) -> None:
+    """One line on stderr; under torchrun only rank 0 reports."""
+    if os.environ.get("RANK", "0") not in ("", "0"):
+        return
+    message = " ".join(message.split())
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 15] + " ... (truncated)"
+    print(f"sciformer {command}: {message}", file=sys.stderr)
+
+
+def _quiet_signals() -> None:
+    from sciformer.engine.signals import quiet_signals
+
+    if Path(sys.argv[0]).name in ("sciformer", "__main__.py", "cli.py"):  # the command is the process (not a test calling main)
+        quiet_signals()
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.rank, self.world_size = rank, world_size
         self.drop_singleton, self.max_batches = drop_singleton, max_batches
 
-    def _global_batches(self) -> list[torch.Tensor]:
+    def global_batches(self) -> list[torch.Tensor]:
         if self.shuffle:
             gen = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
             order = torch.randperm(self.length, generator=gen)
@@ -55,10 +55,10 @@ class EpochBatchSampler(Sampler[list[int]]):
         return batches
 
     def __len__(self) -> int:
-        return max(0, len(self._global_batches()) - self.start)
+        return max(0, len(self.global_batches()) - self.start)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for batch in self._global_batches()[self.start :]:
+        for batch in self.global_batches()[self.start :]:
             share = batch[self.rank :: self.world_size].tolist()
             if share:
                 yield share

@@ -43,28 +43,42 @@ def train_steps(
     amp: str,
     grad_clip: float | None,
     on_step: Callable[[float, int], None] | None = None,
+    before_step: Callable[[int, Batch], None] | None = None,
+    reduce_step: Callable[[int, bool], tuple[int, bool]] | None = None,
+    world_size: int = 1,
 ) -> tuple[float, int]:
     """Run optimisation steps over ``batches``; returns (summed loss x samples, samples).
 
-    ``on_step(loss_sum, count)`` is called after every optimiser step with the running
-    totals (checkpointing, signal handling).
+    ``before_step(i, batch)`` runs before the forward pass (per-step random streams).
+    ``reduce_step(count, non_finite)`` turns this process's labelled count and loss state
+    into global ones (all ranks); each rank's loss is then weighted by its share of the
+    global count, so the gradient averaged over ``world_size`` ranks is the per-sample mean
+    over the global batch, uneven shares included. ``on_step(loss_sum, count)`` is called
+    after every optimiser step with the running totals (checkpointing, signal handling).
     """
     model.train()
     loss_sum, count = 0.0, 0
+    ignore = getattr(loss_fn, "ignore_index", None)
     for i, batch in enumerate(batches):
         batch = to_device(batch, device)
         target = batch["target"].reshape(-1)  # (n,)
+        if before_step is not None:
+            before_step(i, batch)
+        n = int((target != ignore).sum()) if ignore is not None else target.numel()
         with autocast(device, amp):
             logits = model(batch)  # (n, C)
-            loss = loss_fn(logits.float(), target)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"training loss became {loss.item()} at step {i} of the epoch; lower optimizer.lr or set train.grad_clip, then --resume")
+            loss = loss_fn(logits.float(), target) if n else logits.float().sum() * 0.0
+        non_finite = not bool(torch.isfinite(loss))
+        n_global, non_finite = reduce_step(n, non_finite) if reduce_step is not None else (n, non_finite)
+        if non_finite:
+            raise TrainingDiverged(f"training loss became {loss.item() if n else 'nan'} at step {i} of the epoch; lower optimizer.lr or set train.grad_clip, then --resume")
+        scaled = loss * (n * world_size / n_global) if world_size > 1 and n_global else loss
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
-            scaler.scale(loss).backward()
+            scaler.scale(scaled).backward()
             scaler.unscale_(optimizer)
         else:
-            loss.backward()
+            scaled.backward()
         if grad_clip is not None:
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         if scaler is not None:
@@ -73,7 +87,6 @@ def train_steps(
         else:
             optimizer.step()
         scheduler.step()
-        n = int((target != loss_fn.ignore_index).sum()) if hasattr(loss_fn, "ignore_index") else target.numel()
         loss_sum += float(loss.detach()) * n
         count += n
         if on_step is not None:

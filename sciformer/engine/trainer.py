@@ -18,7 +18,6 @@ import csv
 import io
 import json
 import math
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,32 +35,18 @@ from sciformer.engine.batching import EpochBatchSampler
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.inference import predict_fn
-from sciformer.engine.loops import evaluate, train_steps
+from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
 from sciformer.engine.report import write_evaluation
-from sciformer.engine.runtime import (
-    capture_rng,
-    environment,
-    epoch_seed,
-    pick_device,
-    restore_rng,
-    seed_everything,
-)
-from sciformer.errors import SciformerError
+from sciformer.engine.signals import Interrupted, StopFlag
+from sciformer.engine.runfolder import RunFolderError, check_resume_state, clean_temporaries, lock_run_dir
+from sciformer.engine.noise import PerSampleRNG, StepNoise, install
+from sciformer.engine.runtime import environment, epoch_seed, pick_device, seed_everything
+from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
 
 CSV_FIELDS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_oa", "val_aa", "val_kappa", "val_miou", "epoch_time_s"]
-
-
-class Interrupted(SciformerError):
-    """Training stopped by SIGINT/SIGTERM after writing a checkpoint."""
-
-    exit_code = 130
-
-
-class RunFolderError(SciformerError):
-    """The run folder cannot be used as asked."""
 
 
 @dataclass
@@ -79,6 +64,8 @@ def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, see
     dataset = task.dataset(split) if votes == 1 else task.voting_dataset(split, votes)
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
+    if train:
+        dataset = PerSampleRNG(dataset, seed, epoch)  # augmentation decided by (seed, epoch, sample)
     sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
                                 max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
@@ -92,31 +79,6 @@ def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, d
         totals = dist.all_reduce_sum(torch.tensor([loss_sum, float(count)], dtype=torch.float64))
         loss_sum, count = float(totals[0]), int(totals[1])
     return confusion.compute(), (loss_sum / count if count else float("nan"))
-
-
-class _StopFlag:
-    """Turns SIGINT/SIGTERM into a flag checked between steps."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not in the main thread
-                pass
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None:  # second signal: stop at once
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class Trainer:
@@ -146,6 +108,8 @@ class Trainer:
         if self.cfg.evaluation.votes > 1:  # fail now, not after training
             self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
         self.model = builders.build_model(exp, self.info).to(self.device)
+        self.noise = StepNoise(t.seed, self.dist.rank)
+        install(self.model, self.noise)  # dropout masks follow the sample, not the process
         self.net: nn.Module = self.model  # what the training loop calls (DDP-wrapped when distributed)
         if self.dist.enabled:
             if self.device.type == "cuda":
@@ -164,7 +128,6 @@ class Trainer:
         self.partial = (0.0, 0)  # loss sum and count of the epoch in progress
         self.best = {"metric": t.monitor, "value": None, "epoch": -1}
         self.history: list[dict[str, Any]] = []
-        self._rng_to_restore: dict[str, Any] | None = None
         if resume_state is not None:
             self._restore(resume_state)
 
@@ -185,23 +148,32 @@ class Trainer:
             "partial": list(partial),
             "best": dict(self.best),
             "history": list(self.history),
-            "rng": capture_rng(),
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        """Load a resumed state; every mismatch is a one-line CheckpointError, raised before any file is written."""
+        where = str(self.run_dir / "checkpoints" / "last.pt")
+        pos = check_resume_state(state, where)
+        saved = builders.data_info_to_dict(self.info)
+        if any(state["data_info"].get(k) != saved[k] for k in ("num_classes", "in_channels")):
+            raise CheckpointError(f"checkpoint '{where}': data_info does not match the data ({state['data_info'].get('num_classes')!r} classes, "
+                                  f"{state['data_info'].get('in_channels')!r} channels; the data has {saved['num_classes']} and {saved['in_channels']})")
+        if pos["step_in_epoch"] > self.steps_per_epoch or pos["epoch"] > self.cfg.train.epochs + 10**6:
+            raise CheckpointError(f"checkpoint '{where}': step_in_epoch {pos['step_in_epoch']} is beyond the {self.steps_per_epoch} steps of an epoch")
+        for name, target in (("model", self.model), ("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+            try:
+                target.load_state_dict(state[name])
+            except Exception as exc:  # noqa: BLE001 - a state of another model/optimizer, or tampered
+                lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+                detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+                raise CheckpointError(f"checkpoint '{where}': its {name} state does not match this run ({detail[:200]})") from None
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.epoch = int(state["epoch"])
-        self.step_in_epoch = int(state.get("step_in_epoch", 0))
-        self.global_step = int(state["global_step"])
+        self.epoch, self.step_in_epoch, self.global_step = pos["epoch"], pos["step_in_epoch"], pos["global_step"]
         # the stored partial loss is global: rank 0 carries it, the others start from zero
-        self.partial = tuple(state.get("partial", (0.0, 0))) if self.dist.is_main else (0.0, 0)  # type: ignore[assignment]
+        self.partial = pos["partial"] if self.dist.is_main else (0.0, 0)
         self.best = dict(state["best"])
         self.history = [dict(row) for row in state.get("history", [])]
-        self._rng_to_restore = state.get("rng")
 
     def _save(self, name: str, partial: tuple[float, int] = (0.0, 0)) -> None:
         """Write a checkpoint (rank 0); ``partial`` is the global loss sum/count of the epoch in progress."""
@@ -241,7 +213,10 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         if not self.dist.is_main:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_run_dir(self.run_dir)  # held until the process ends
+        if self.resume_state is None and (self.run_dir / "checkpoints" / "last.pt").exists():
+            raise RunFolderError(f"--output-dir {self.run_dir} already holds a run; continue it with --resume {self.run_dir} or choose another folder")
+        clean_temporaries(self.run_dir)
         atomic_write_text(self.run_dir / "config.yaml", self.exp.to_yaml())
         env = environment(self.device, self.cfg.train.seed)
         env["world_size"] = self.dist.world_size
@@ -258,11 +233,13 @@ class Trainer:
             return True
         return value < best if self.best["metric"] == "loss" else value > best
 
-    def _epoch_batches(self) -> Iterator[dict[str, Any]]:
+    def _epoch_batches(self) -> tuple[Iterator[dict[str, Any]], list[int]]:
+        """This rank's batches of the epoch from ``step_in_epoch`` on, and the global batch sizes."""
         t = self.cfg.train
         loader = make_loader(self.task, "train", t.batch_size, train=True, seed=t.seed, epoch=self.epoch, start=self.step_in_epoch,
                              workers=t.num_workers, max_batches=t.max_steps_per_epoch, dist=self.dist)
-        return iter(progress(loader, total=len(loader), desc=f"epoch {self.epoch + 1}/{t.epochs}", mode=t.progress))
+        sizes = [len(b) for b in loader.batch_sampler.global_batches()[self.step_in_epoch:]]  # type: ignore[union-attr]
+        return iter(progress(loader, total=len(loader), desc=f"epoch {self.epoch + 1}/{t.epochs}", mode=t.progress)), sizes
 
     def fit(self) -> RunResult:
         """Train (or continue) to ``train.epochs``, then evaluate best.pt on the test split."""
@@ -282,17 +259,13 @@ class Trainer:
 
     def _train_epochs(self, writer: Any) -> None:
         t = self.cfg.train
-        with _StopFlag() as stop:
+        with StopFlag() as stop:
             while self.epoch < t.epochs:
                 if self.step_in_epoch == 0:
                     seed_everything(epoch_seed(t.seed, self.epoch))
                     self.partial = (0.0, 0)
                 start = time.perf_counter()
-                batches = self._epoch_batches()
-                if self._rng_to_restore is not None:
-                    restore_rng(self._rng_to_restore)
-                    self._rng_to_restore = None
-                loss_sum, count = self._run_epoch(batches, stop)
+                loss_sum, count = self._run_epoch(stop)
                 self.epoch += 1
                 self.step_in_epoch = 0
                 self.partial = (0.0, 0)
@@ -316,16 +289,32 @@ class Trainer:
                 self._log_scalars(writer, row)
                 self._save("last.pt")
                 self.log(_epoch_line(row, t.epochs))
+                if self.dist.any(stop.signal is not None, self.device):  # a signal during validation or the save
+                    raise Interrupted(f"stopped by signal {stop.signal or 'on another rank'} after epoch {self.epoch}; "
+                                      f"checkpoint written, continue with: sciformer train --resume {self.run_dir}")
                 if stop_early:
                     self.log(f"early stop: no validation improvement for {t.early_stop_patience} validations")
                     break
 
-    def _run_epoch(self, batches: Iterator[dict[str, Any]], stop: _StopFlag) -> tuple[float, int]:
-        """Train over ``batches``; returns the epoch's loss sum and count (resumed part included)."""
+    def _run_epoch(self, stop: StopFlag) -> tuple[float, int]:
+        """Train the rest of the epoch; returns the epoch's loss sum and count (resumed part included)."""
         t = self.cfg.train
         base_sum, base_count = self.partial
+        batches, sizes = self._epoch_batches()
+        rank, world = self.dist.rank, self.dist.world_size
+
+        def before_step(i: int, batch: dict[str, Any]) -> None:
+            # rows of the global batch this rank holds (the sampler deals them round-robin)
+            self.noise.begin(self.global_step, torch.arange(rank, sizes[i], world), sizes[i])
+
+        def reduce_step(count: int, non_finite: bool) -> tuple[int, bool]:
+            if not self.dist.enabled:
+                return count, non_finite
+            totals = self.dist.all_reduce_sum(torch.tensor([count, int(non_finite)], dtype=torch.float64))
+            return int(totals[0]), bool(totals[1] > 0)
 
         def on_step(loss_sum: float, count: int) -> None:
+            self._check_finite()
             self.step_in_epoch += 1
             self.global_step += 1
             self.partial = (base_sum + loss_sum, base_count + count)
@@ -339,8 +328,17 @@ class Trainer:
                 )
 
         train_steps(self.net, batches, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=self.scheduler,
-                    scaler=self.scaler, device=self.device, amp=t.amp, grad_clip=t.grad_clip, on_step=on_step)
+                    scaler=self.scaler, device=self.device, amp=t.amp, grad_clip=t.grad_clip, on_step=on_step,
+                    before_step=before_step, reduce_step=reduce_step, world_size=world)
+        self.noise.end()
         return self._reduced(self.partial)
+
+    def _check_finite(self) -> None:
+        """Stop before a checkpoint can hold NaN or infinite weights."""
+        tensors = [t.detach() for t in (*self.model.parameters(), *self.model.buffers()) if t.is_floating_point()]
+        if tensors and not bool(torch.isfinite(torch.stack([t.float().abs().sum() for t in tensors])).all()):
+            raise TrainingDiverged(f"training weights became nan/inf at epoch {self.epoch + 1}, step {self.step_in_epoch + 1}; "
+                                   "lower optimizer.lr or set train.grad_clip, then --resume")
 
     def _reduced(self, partial: tuple[float, int]) -> tuple[float, int]:
         """Loss sum and count summed over ranks."""

@@ -1,4 +1,9 @@
-"""Kill a real training process with SIGKILL mid-run, resume it, and end on identical weights."""
+"""Kill a real training process with SIGKILL (mid-epoch, between epoch-end checkpoints, inside a
+save), resume it, and end on the weights of an uninterrupted run, bit for bit.
+
+Augmentation (flips/rotations) and dropout plus stochastic depth are on: every random number
+of a step must be reproduced after the resume.
+"""
 
 import os
 import signal
@@ -13,10 +18,25 @@ import torch
 
 from sciformer.engine.checkpoint import load_checkpoint
 
+# Runs the command line with torch.save patched to SIGKILL the process right after the
+# N-th checkpoint's temporary file is written (before it is renamed into place).
+KILL_IN_SAVE = """
+import os, signal, sys, torch
+from sciformer.cli import main
+limit, calls, real = int(os.environ["KILL_AT_SAVE"]), [0], torch.save
+def save(obj, f, *args, **kwargs):
+    real(obj, f, *args, **kwargs)
+    calls[0] += 1
+    if calls[0] == limit:
+        os.kill(os.getpid(), signal.SIGKILL)
+torch.save = save
+sys.exit(main())
+"""
+
 
 def _experiment(tmp_path: Path) -> Path:
     rng = np.random.default_rng(1)
-    h, w, bands, classes = 20, 20, 10, 3
+    h, w, bands, classes = 16, 16, 8, 3
     gt = (np.arange(h * w) % classes + 1).reshape(h, w)
     cube = rng.normal(size=(classes, bands))[gt - 1] * 2 + 0.5 * rng.normal(size=(h, w, bands))
     np.save(tmp_path / "cube.npy", cube.astype(np.float32))
@@ -25,49 +45,77 @@ def _experiment(tmp_path: Path) -> Path:
     cfg.write_text(
         "name: kill\n"
         "data: {name: hsi_scene, source: cube.npy, label_path: gt.npy, patch_size: 3,\n"
-        "       split: {kind: stratified, train_per_class: 60, val_fraction: 0.2}}\n"  # augmentation on: RNG state matters
-        "model: {name: spectralformer, dim: 16, depth: 1, num_heads: 2, group_size: 2, stride: 2}\n"  # dropout on
-        "train: {epochs: 6, batch_size: 8, progress: never, threads: 1, checkpoint_every_steps: 1}\n"
+        "       split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}}\n"  # default augmentation: flips + rotations
+        "model: {name: spectralformer, dim: 16, depth: 1, num_heads: 2, group_size: 2, stride: 2, dropout: 0.2, drop_path: 0.2}\n"
+        "train: {epochs: 3, batch_size: 8, progress: never, threads: 1}\n"
         "export: {png: false, envi: false}\n"
     )
     return cfg
 
 
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+def _env(**extra: str) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
 
-@pytest.mark.slow
-def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
-    cfg = _experiment(tmp_path)
-    cmd = [sys.executable, "-m", "sciformer", "train", "-c", str(cfg)]
-    done = subprocess.run([*cmd, "-o", "straight"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    reference = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
-    total_steps = reference["global_step"]
+def _train(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sciformer", "train", *args], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=600)
 
-    proc = subprocess.Popen([*cmd, "-o", "killed"], cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    last = tmp_path / "killed" / "checkpoints" / "last.pt"
-    target = total_steps // 2 + 3  # mid-epoch
-    deadline = time.time() + 300
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        if last.exists() and load_checkpoint(last)["global_step"] >= target:  # atomic writes: never truncated
-            break
-        time.sleep(0.01)
+        try:
+            if ready():
+                break
+        except Exception:  # noqa: BLE001 - a checkpoint being replaced at this instant
+            pass
+        time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    killed_at = load_checkpoint(last)["global_step"]
-    assert 0 < killed_at < total_steps, "the process finished before it could be killed"
-
-    resumed = subprocess.run([*cmd[:3], "train", "--resume", str(tmp_path / "killed")], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    final = load_checkpoint(last)
-    assert final["global_step"] == total_steps
-    for key in reference["model"]:
-        assert torch.equal(reference["model"][key], final["model"][key]), key
-    assert _rows_without_time(tmp_path / "straight") == _rows_without_time(tmp_path / "killed")
 
 
 def _rows_without_time(run: Path) -> list[str]:
     """metrics.csv rows less the wall-clock column (losses and validation scores must agree)."""
     return [row.rsplit(",", 1)[0] for row in (run / "metrics.csv").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sigkill_anywhere_then_resume_matches_uninterrupted_bitwise(tmp_path: Path) -> None:
+    cfg = _experiment(tmp_path)
+    done = _train(["-c", str(cfg), "-o", "straight"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    reference = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    total, per_epoch = reference["global_step"], reference["global_step"] // 3
+    rng = np.random.default_rng(14)
+
+    def last(run: str) -> Path:
+        return tmp_path / run / "checkpoints" / "last.pt"
+
+    # 1. mid-epoch, with a checkpoint after every step: killed at a random step of epoch 2 or 3
+    target = int(rng.integers(per_epoch + 1, total - 1))
+    proc = subprocess.Popen([sys.executable, "-m", "sciformer", "train", "-c", str(cfg), "-o", "mid", "train.checkpoint_every_steps=1"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_when(proc, lambda: last("mid").exists() and load_checkpoint(last("mid"))["global_step"] >= target)
+    # 2. only epoch-end checkpoints: killed a random moment after the first one (inside epoch 2 or later)
+    delay = float(rng.uniform(0.0, 1.5))
+    proc = subprocess.Popen([sys.executable, "-m", "sciformer", "train", "-c", str(cfg), "-o", "boundary"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_when(proc, lambda: last("boundary").exists() and not time.sleep(delay))
+    # 3. inside a save: the temporary file is written, the rename never happens
+    n_save = int(rng.integers(2, 5))
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_SAVE, "train", "-c", str(cfg), "-o", "insave"], cwd=tmp_path,
+                            env=_env(KILL_AT_SAVE=str(n_save)), capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert list((tmp_path / "insave" / "checkpoints").glob(".*.tmp*")), "the kill should leave a temporary file"
+
+    for run, where in (("mid", f"step {target}"), ("boundary", f"{delay:.2f} s after epoch 1"), ("insave", f"save {n_save}")):
+        killed_at = load_checkpoint(last(run))["global_step"]
+        assert 0 < killed_at < total, f"{run}: the process was not killed inside the run ({where})"
+        resumed = _train(["--resume", str(tmp_path / run)], tmp_path)
+        assert resumed.returncode == 0, f"{run} ({where}): {resumed.stderr}"
+        final = load_checkpoint(last(run))
+        assert final["global_step"] == total
+        for key in reference["model"]:
+            assert torch.equal(reference["model"][key], final["model"][key]), f"{run} ({where}, killed at step {killed_at}): {key}"
+        assert _rows_without_time(tmp_path / "straight") == _rows_without_time(tmp_path / run), run
+        assert not list((tmp_path / run).rglob(".*.tmp*")), f"{run}: temporary files left after the resume"

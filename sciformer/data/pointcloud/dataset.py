@@ -91,8 +91,9 @@ class WorkerRNG:
 class PointDataset(Dataset):
     """Base of the point datasets: ``load(i, rng)`` -> transforms -> feature assembly.
 
-    Training datasets draw from a :class:`WorkerRNG`; evaluation datasets seed a
-    generator per item index, so they are deterministic whatever the workers.
+    Training datasets seed a generator per (seed, epoch set by :meth:`set_epoch`, item
+    index); evaluation datasets per item index, so both are deterministic whatever the
+    workers, the process (distributed training) or an interruption.
     """
 
     def __init__(self, transform: Compose | None, features: Sequence[str], *, train: bool, seed: int) -> None:
@@ -120,7 +121,8 @@ class PointDataset(Dataset):
     def __getitem__(self, index: int) -> Sample:
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} items")
-        rng = self._worker_rng.get() if self.train else np.random.default_rng([self.seed, index])
+        # training draws are decided by (seed, epoch, sample): alike in any worker, rank or resumed run
+        rng = np.random.default_rng([self.seed, self._worker_rng.epoch, index, _TRAIN_STREAM]) if self.train else np.random.default_rng([self.seed, index])
         sample = self.load(index, rng)
         sample = self.transform(sample, rng)
         return assemble_features(sample, self.features, self.describe_item(index))
@@ -155,6 +157,7 @@ class VotingDataset(Dataset):
         return copies
 
 
+_TRAIN_STREAM = 0x74726E  # keeps training draws apart from evaluation draws
 _VOTE_STREAM = 0x766F7465  # keeps vote draws apart from the single-pass evaluation draws
 
 

@@ -1,0 +1,124 @@
+"""Run-folder safety: one writer at a time, no stale temporaries, checked resume state.
+
+- :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run>/.lock`` for the life of
+  the process (the kernel drops it when the process ends, even on SIGKILL); a second
+  ``train`` on the same folder is refused with one line.
+- :func:`clean_temporaries` removes the temporary files an atomic write leaves when the
+  process is killed inside it (``.<name>.<random>.tmp*``), once the lock is held.
+- :func:`check_resume_state` and :func:`check_resume_config` refuse tampered or mismatched
+  checkpoints before anything in the run folder is rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from sciformer.errors import CheckpointError, SciformerError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the folder check still applies
+    fcntl = None  # type: ignore[assignment]
+
+
+class RunFolderError(SciformerError):
+    """The run folder cannot be used as asked."""
+
+
+def lock_run_dir(run_dir: Path) -> IO[str] | None:
+    """Create ``run_dir`` and lock it for this process; returns the handle to keep open."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held until exit
+    except FileExistsError:
+        raise RunFolderError(f"--output-dir {run_dir}: a file (or a file above it) is in the way; expected a folder") from None
+    except NotADirectoryError:
+        raise RunFolderError(f"--output-dir {run_dir}: a path component is a file; expected a folder") from None
+    except PermissionError:
+        raise RunFolderError(f"--output-dir {run_dir}: not writable (permission denied)") from None
+    except OSError as exc:
+        raise RunFolderError(f"--output-dir {run_dir}: cannot create the run folder ({exc.strerror or exc})") from None
+    if fcntl is None:
+        return handle
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read(32).strip() or "?"
+        handle.close()
+        raise RunFolderError(f"--output-dir {run_dir} is being written by another sciformer process (pid {owner}); wait for it or choose another folder") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def clean_temporaries(run_dir: Path) -> list[Path]:
+    """Remove temporaries of interrupted atomic writes under ``run_dir`` (and its checkpoints)."""
+    removed = []
+    for folder in (run_dir, run_dir / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for path in folder.glob(".*.tmp*"):
+            if path.is_file():
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    removed.append(path)
+    return removed
+
+
+def _int(state: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = state.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+        raise CheckpointError(f"checkpoint '{where}': '{key}' is {str(value)[:40]!r}; expected a non-negative integer")
+    return value
+
+
+def check_resume_state(state: dict[str, Any], where: str) -> dict[str, Any]:
+    """The training-position fields of a checkpoint, checked; one-line CheckpointError otherwise."""
+    out: dict[str, Any] = {
+        "epoch": _int(state, "epoch", where),
+        "step_in_epoch": _int(state, "step_in_epoch", where, 0),
+        "global_step": _int(state, "global_step", where),
+    }
+    partial = state.get("partial", (0.0, 0))
+    if (not isinstance(partial, (list, tuple)) or len(partial) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in partial)
+            or not math.isfinite(partial[0]) or not (isinstance(partial[1], int) and partial[1] >= 0)):
+        raise CheckpointError(f"checkpoint '{where}': 'partial' is {str(partial)[:60]!r}; expected [loss sum, count]")
+    out["partial"] = (float(partial[0]), int(partial[1]))
+    best = state.get("best")
+    if not isinstance(best, dict) or not {"metric", "value", "epoch"} <= set(best) or not isinstance(best["epoch"], int) \
+            or not (best["value"] is None or isinstance(best["value"], (int, float))):
+        raise CheckpointError(f"checkpoint '{where}': 'best' is malformed; expected {{metric, value, epoch}}")
+    history = state.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise CheckpointError(f"checkpoint '{where}': 'history' is malformed; expected a list of per-epoch rows")
+    for key in ("optimizer", "scheduler"):
+        if not isinstance(state.get(key), dict):
+            raise CheckpointError(f"checkpoint '{where}': '{key}' is malformed; expected a state mapping")
+    return out
+
+
+# sections that define the weights and their meaning: a resumed run may not change them
+_FIXED_SECTIONS = ("model", "data")
+
+
+def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: str) -> None:
+    """Refuse overrides on ``--resume`` that change the model, the data or the optimizer type."""
+    for section in _FIXED_SECTIONS:
+        a, b = stored.get(section, {}), asked.get(section, {})
+        if a != b:
+            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) if isinstance(a, dict) and isinstance(b, dict) else []
+            key = f"{section}.{keys[0]}" if keys else section
+            old = a.get(keys[0]) if keys else a
+            new = b.get(keys[0]) if keys else b
+            raise CheckpointError(f"--resume cannot change {key} (checkpoint '{where}' has {str(old)[:60]!r}, asked {str(new)[:60]!r}); "
+                                  "start a new run with --config instead")
+    a_opt, b_opt = stored.get("optimizer", {}).get("name"), asked.get("optimizer", {}).get("name")
+    if a_opt != b_opt:
+        raise CheckpointError(f"--resume cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")

@@ -1,0 +1,69 @@
+"""Signals: SIGINT/SIGTERM at any moment end a command with one line.
+
+- While training steps run, :class:`StopFlag` turns the first signal into a flag checked
+  after each step: the trainer writes ``last.pt`` and raises :class:`Interrupted` (exit 130).
+  A second signal stops at once (``KeyboardInterrupt``).
+- Before the first step and after the last (building the data, final evaluation),
+  :func:`terminate_as_interrupt` makes SIGTERM behave as Ctrl-C, so the command line
+  prints ``interrupted`` and exits 130 instead of dying silently.
+- :func:`quiet_signals` ignores further signals while the process reports and exits, so a
+  repeated Ctrl-C cannot print a traceback from exit handlers.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from sciformer.errors import SciformerError
+
+
+class Interrupted(SciformerError):
+    """Training stopped by SIGINT/SIGTERM after writing a checkpoint."""
+
+    exit_code = 130
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM raises KeyboardInterrupt like SIGINT (main thread only)."""
+    if _main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def quiet_signals() -> None:
+    """Ignore SIGINT/SIGTERM from now on (the process is reporting and exiting)."""
+    if _main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+class StopFlag:
+    """Turns SIGINT/SIGTERM into a flag checked between steps; a second signal stops at once."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        if _main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # second signal: stop at once
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
