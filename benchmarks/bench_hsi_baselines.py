@@ -84,7 +84,8 @@ class SpectralCNN(nn.Module):
             nn.Conv1d(1, width, 7, padding=3), nn.BatchNorm1d(width), nn.ReLU(), nn.MaxPool1d(2),
             nn.Conv1d(width, 2 * width, 5, padding=2), nn.BatchNorm1d(2 * width), nn.ReLU(), nn.MaxPool1d(2),
             nn.Conv1d(2 * width, 2 * width, 3, padding=1), nn.BatchNorm1d(2 * width), nn.ReLU(),
-            nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(2 * width, num_classes),
+            nn.AdaptiveAvgPool1d(8), nn.Flatten(),  # keeps where along the spectrum a feature fired
+            nn.Dropout(0.2), nn.Linear(2 * width * 8, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
