@@ -119,6 +119,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "sciformer.data.hsi.task",
     "sciformer.data.pointcloud",
     "sciformer.pointcloud.models",
+    "sciformer.pointcloud.ptv3",
 )
 _loaded = False
 

@@ -49,8 +49,8 @@ class GroupedVectorAttention(nn.Module):
     where :math:`\mu` (``pe_multiplier``) and :math:`\beta` (``pe_bias``) are
     ``Linear(3,C)-Norm-ReLU-Linear(C,C)`` (each term dropped when disabled), :math:`\omega`
     is ``Linear(C,G)-Norm-ReLU-Linear(G,G)`` and :math:`(\cdot)^{(g)}` is the g-th block
-    of C/G contiguous channels. Padding neighbours (index -1) get zero weight; a point
-    with no valid neighbour outputs zeros. Norm is BatchNorm1d over points or over all
+    of C/G contiguous channels. Padding neighbours (index -1) get zero weight and enter no
+    BatchNorm statistic; a point with no valid neighbour outputs zeros. Norm is BatchNorm1d over points or over all
     N*k edges (``norm="batch"``, as PTv2) or LayerNorm. ``attn_drop`` is dropout on the
     attention weights in training.
 
@@ -103,6 +103,8 @@ class GroupedVectorAttention(nn.Module):
         """Outputs of query points ``rows`` with neighbours ``idx`` (n, k)."""
         n, kk = idx.shape
         valid = idx >= 0  # (n, k)
+        if not bool(valid.all()):
+            return self._attend_padded(q, k, v, pos, rows, idx, valid)
         safe = idx.clamp(min=0)  # (n, k)
         rel = pos[safe] - pos[rows].unsqueeze(1)  # (n, k, 3)
         relation = k[safe] - q[rows].unsqueeze(1)  # (n, k, C)
@@ -119,6 +121,29 @@ class GroupedVectorAttention(nn.Module):
         weight = self.attn_drop(weight)
         value = value.view(n, kk, self.groups, self.channels // self.groups)  # (n, k, G, C/G)
         return (value * weight.unsqueeze(-1)).sum(dim=1).reshape(n, self.channels)  # (n, C)
+
+    def _attend_padded(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, rows: Tensor, idx: Tensor, valid: Tensor) -> Tensor:
+        """:meth:`_attend` on the valid edges only: padding enters no BatchNorm statistic."""
+        n, kk = idx.shape
+        dst = rows.unsqueeze(1).expand(n, kk)[valid]  # (E,) query of each valid edge
+        src = idx[valid]  # (E,) its source
+        rel = pos[src] - pos[dst]  # (E, 3)
+        relation = k[src] - q[dst]  # (E, C)
+        value = v[src]  # (E, C)
+        if self.linear_p_multiplier is not None:
+            relation = relation * self.linear_p_multiplier(rel)
+        if self.linear_p_bias is not None:
+            bias = self.linear_p_bias(rel)  # (E, C)
+            relation = relation + bias
+            value = value + bias
+        w = self.weight_encoding(relation)  # (E, G)
+        logits = w.new_full((n, kk, self.groups), float("-inf"))
+        logits[valid] = w
+        weight = self.attn_drop(logits.softmax(dim=1).nan_to_num(0.0))  # (n, k, G)
+        full = value.new_zeros((n, kk, self.channels))
+        full[valid] = value
+        full = full.view(n, kk, self.groups, self.channels // self.groups)  # (n, k, G, C/G)
+        return (full * weight.unsqueeze(-1)).sum(dim=1).reshape(n, self.channels)  # (n, C)
 
     def forward(self, x: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
         if not isinstance(x, Tensor) or x.ndim != 2 or x.shape[1] != self.channels or x.shape[0] == 0:
