@@ -163,6 +163,10 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
         if not output.parent.is_dir():
             raise SciformerError(f"--output '{output}': folder '{output.parent}' does not exist")
         pairs.append((inputs[0], output))
+    for inp, out in pairs:
+        if out.suffix.lower() in (".las", ".laz") and inp.suffix.lower() not in (".las", ".laz"):
+            raise SciformerError(f"--output '{out}': LAS/LAZ output copies a LAS/LAZ input, but '{inp.name}' is not one; "
+                                 "use .ply, .npz or .npy")
     taken = {p.resolve() for p in inputs} | {p.resolve().with_suffix(s) for p in inputs for s in _COMPANIONS.get(p.suffix.lower(), ())}
     for _, out in pairs:
         written = [out] + [out.with_suffix(s) for s in _COMPANIONS.get(out.suffix.lower(), ())]
