@@ -7,18 +7,15 @@ import numpy as np
 import pytest
 import scipy.io
 import spectral
+from synthetic import make_hsi_scene
 
 from sciformer.cli import main
 
 
 @pytest.fixture
 def scene(tmp_path: Path) -> Path:
-    """A 20 x 24 x 9 scene with three spectrally distinct classes in vertical stripes, as a .mat file."""
-    rng = np.random.default_rng(0)
-    h, w, bands = 20, 24, 9
-    gt = np.repeat(np.repeat(np.arange(3) + 1, 8)[None, :], h, axis=0)  # (H, W)
-    gt[::5, ::7] = 0  # some unlabelled pixels
-    cube = rng.normal(size=(3, bands))[np.maximum(gt, 1) - 1] * 2 + 0.3 * rng.normal(size=(h, w, bands))
+    """A 20 x 24 x 9 scene with three spectrally distinct classes (the shared builder), as a .mat file."""
+    cube, gt, _ = make_hsi_scene(h=20, w=24, bands=9, classes=3, block=4)
     scipy.io.savemat(tmp_path / "scene.mat", {"cube": cube.astype(np.float32), "labels": gt.astype(np.uint8)})
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from synthetic import make_hsi_scene
 
 from sciformer.engine.checkpoint import load_checkpoint
 
@@ -19,11 +20,7 @@ TOLERANCE = 1e-4
 
 
 def _scene(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    h, w, bands, classes = 24, 24, 12, 3
-    gt = np.repeat(np.arange(h * w) % classes + 1, 1).reshape(h, w)  # stripes of classes
-    centres = rng.normal(size=(classes, bands)) * 2
-    cube = centres[gt - 1] + 0.5 * rng.normal(size=(h, w, bands))
+    cube, gt, _ = make_hsi_scene(h=24, w=24, bands=12, classes=3, block=4)
     np.save(tmp_path / "cube.npy", cube.astype(np.float32))
     np.save(tmp_path / "gt.npy", gt.astype(np.int64))
     cfg = tmp_path / "exp.yaml"

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from synthetic import make_hsi_scene
 from torch import nn
 
 from sciformer.contracts import DataInfo
@@ -67,15 +68,8 @@ if PROBE not in MODELS._entries:
 
 
 def make_scene(h: int = 16, w: int = 16, bands: int = 6, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A blocky labelled scene: cube (H, W, B) float32 and gt (H, W) int64 with every class present."""
-    rng = np.random.default_rng(seed)
-    gt = np.zeros((h, w), dtype=np.int64)
-    for i in range(0, h, 4):
-        for j in range(0, w, 4):
-            gt[i : i + 4, j : j + 4] = 1 + (i // 4 + j // 4) % classes
-    gt[0, 0] = 0
-    means = rng.normal(100.0, 30.0, size=(classes + 1, bands))  # (K+1, B)
-    cube = (means[gt] + rng.normal(0.0, 5.0, size=(h, w, bands))).astype(np.float32)  # (H, W, B)
+    """The shared :func:`synthetic.make_hsi_scene` at the corpus's small size: cube (H, W, B), gt (H, W)."""
+    cube, gt, _ = make_hsi_scene(h, w, bands, classes, seed, block=4)
     return cube, gt
 
 
