@@ -1,4 +1,5 @@
-"""Classification maps out: PNG with a legend, ENVI classification file, ``.npy``.
+"""Classification maps out: PNG with a legend, ENVI classification file, ``.npy`` (GeoTIFF:
+:mod:`sciformer.data.hsi.geotiff`). Every file is written atomically.
 
 Maps use the ground-truth convention: (H, W) integers, 0 = unclassified / unlabelled,
 class k (1..K) = ``class_names[k - 1]``. Colours: index 0 is black, classes take
@@ -8,12 +9,15 @@ matplotlib's ``tab20`` palette (``hsv`` beyond 20 classes).
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
+from sciformer.utils.atomic import atomic_write_with
 
 UNCLASSIFIED = "Unclassified"
 
@@ -30,10 +34,10 @@ def _check_map(label_map: np.ndarray, class_names: list[str], name: str = "map")
 
 
 def save_map_npy(path: str | os.PathLike[str], label_map: np.ndarray) -> Path:
-    """Write the map as ``.npy`` (int64, 0 = unclassified)."""
+    """Write the map as ``.npy`` (int64, 0 = unclassified), atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, np.asarray(label_map, dtype=np.int64))
+    m = np.asarray(label_map, dtype=np.int64)
+    atomic_write_with(path, lambda tmp: np.save(tmp, m))
     return path
 
 
@@ -90,9 +94,8 @@ def save_map_png(
 ) -> Path:
     """Write the map (beside ``gt`` when given) with a legend of class names and colours."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = render_map_figure(label_map, class_names, gt, title)
-    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.1)  # keeps long legend names
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.1))  # keeps long legend names
     return path
 
 
@@ -101,13 +104,18 @@ def save_map_envi(
     label_map: np.ndarray,
     class_names: list[str],
     description: str = "sciformer classification map",
+    georef: dict[str, Any] | None = None,
 ) -> tuple[Path, Path]:
     """Write an ENVI classification file (``.hdr`` + ``.img``) with class names and colours.
 
     Class 0 is ``Unclassified``; the header's ``class names`` / ``class lookup`` hold all
-    ``K + 1`` entries. Returns (header path, data path).
+    ``K + 1`` entries. ``georef`` (see :mod:`sciformer.data.hsi.geotiff`) adds the input's
+    ``map info`` and ``coordinate system string``. Both files are written to temporary
+    names and renamed (data first). Returns (header path, data path).
     """
     import spectral.io.envi as envi
+
+    from sciformer.data.hsi.geotiff import envi_metadata
 
     hdr_path = Path(hdr_path)
     if hdr_path.suffix.lower() != ".hdr":
@@ -116,14 +124,19 @@ def save_map_envi(
     m = _check_map(label_map, class_names)
     dtype = np.uint8 if len(class_names) < 256 else np.uint16
     colors = class_colors(len(class_names))
-    envi.save_classification(
-        str(hdr_path),
-        m.astype(dtype),
-        dtype=dtype,
-        force=True,
-        ext=".img",
-        class_names=[UNCLASSIFIED, *class_names],
-        class_colors=[[int(v) for v in c] for c in colors],
-        metadata={"description": description},
-    )
-    return hdr_path, hdr_path.with_suffix(".img")
+    img_path = hdr_path.with_suffix(".img")
+    with tempfile.TemporaryDirectory(prefix=f".{hdr_path.stem}.", dir=hdr_path.parent) as tmp:
+        tmp_hdr = Path(tmp) / hdr_path.name
+        envi.save_classification(
+            str(tmp_hdr),
+            m.astype(dtype),
+            dtype=dtype,
+            force=True,
+            ext=".img",
+            class_names=[UNCLASSIFIED, *class_names],
+            class_colors=[[int(v) for v in c] for c in colors],
+            metadata={"description": description, **envi_metadata(georef)},
+        )
+        os.replace(tmp_hdr.with_suffix(".img"), img_path)
+        os.replace(tmp_hdr, hdr_path)
+    return hdr_path, img_path

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from sciformer.contracts import (
@@ -15,6 +16,7 @@ from sciformer.contracts import (
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
+from sciformer.data.hsi.geotiff import GEOTIFF_SUFFIXES, georef_of, read_geotiff, write_geotiff_map
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import pad_cube, predict_scene
 from sciformer.data.hsi.readers import (
@@ -22,15 +24,22 @@ from sciformer.data.hsi.readers import (
     list_arrays,
     read_labels,
     read_scene,
+    validate_cube,
+    validate_labels,
 )
 from sciformer.errors import DataError
 
-_PRED_SUFFIXES = (".npy", ".png", ".hdr", ".img")
+PREDICT_SUFFIXES = (".npy", ".png", ".hdr", ".img", *GEOTIFF_SUFFIXES)
 
 
-def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> Scene:
+def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> tuple[Scene, dict[str, Any] | None]:
+    """The scene of an input file (and its georeference: ENVI map info or GeoTIFF transform + CRS)."""
     if is_builtin(str(input_path)) and not input_path.exists():
-        return load_builtin(str(input_path))
+        return load_builtin(str(input_path)), None
+    if input_path.suffix.lower() in GEOTIFF_SUFFIXES:
+        cube, georef = read_geotiff(input_path)
+        scene = Scene(cube=validate_cube(cube, str(input_path)), source=str(input_path))
+        return scene, georef
     keys = list_arrays(input_path)
     image_key = cfg.image_key if cfg.image_key in keys else None
     scene = read_scene(input_path, image_key, labels="none")
@@ -38,7 +47,33 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> Scene:
         scene.gt = read_labels(input_path, None, scene.cube.shape[:2])
     except DataError:
         scene.gt = None
-    return scene
+    return scene, georef_of(input_path)
+
+
+def read_label_map(path: Path, shape: tuple[int, int], num_classes: int) -> np.ndarray:
+    """A ground-truth map for ``--labels`` (any label file, or a single-band GeoTIFF): (H, W) int64, 0..K."""
+    if path.suffix.lower() in GEOTIFF_SUFFIXES:
+        bands, _ = read_geotiff(path)
+        if bands.shape[2] != 1:
+            raise DataError(f"--labels {path}: a GeoTIFF label map has one band, this one has {bands.shape[2]}")
+        gt = validate_labels(bands[:, :, 0], f"--labels {path}")
+    else:
+        gt = read_labels(path, None, None)
+    if gt.shape != tuple(shape):
+        raise DataError(f"--labels {path}: the map is {gt.shape[0]} x {gt.shape[1]}, the scene {shape[0]} x {shape[1]}")
+    if gt.max() > num_classes:
+        raise DataError(f"--labels {path}: values up to {gt.max()} but the model has {num_classes} classes (0 = unlabelled, 1..{num_classes})")
+    return gt
+
+
+def map_scores(label_map: np.ndarray, gt: np.ndarray, num_classes: int) -> dict[str, float]:
+    """Overall and mean per-class accuracy of a map on the labelled pixels of ``gt`` (0 = unlabelled)."""
+    seen = gt > 0
+    truth, pred = gt[seen] - 1, label_map[seen] - 1
+    conf = np.bincount(truth * num_classes + pred, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+    support = conf.sum(axis=1)
+    acc = np.diag(conf)[support > 0] / support[support > 0]
+    return {"pixels": int(seen.sum()), "oa": float(np.trace(conf) / max(1, conf.sum())), "aa": float(acc.mean()) if len(acc) else 0.0}
 
 
 def predict_hsi_file(
@@ -51,19 +86,23 @@ def predict_hsi_file(
     *,
     options: PredictOptions | None = None,
 ) -> Path:
-    """Predict every pixel of a cube file with a trained model; write the map.
+    """Predict every pixel of a cube file with a trained model; write the map (and only it).
 
     The output format follows ``output_path``'s suffix: ``.npy`` (label map, 0 =
     unclassified, classes 1..K), ``.png`` (map with legend, ground truth beside it when
-    the file has one; plus a ``.npy`` sibling) or ``.hdr``/``.img`` (ENVI classification
-    file; plus a ``.npy`` sibling).
+    ``options.labels`` names a label map or the file has one), ``.hdr``/``.img`` (ENVI
+    classification file, the input's ``map info`` / ``coordinate system string`` kept) or
+    ``.tif``/``.tiff`` (GeoTIFF with the input's georeference, no-data 0, a colour table
+    and class names; needs rasterio). Inputs: any cube file the dataset reads, or a GeoTIFF.
+    With ``options.labels`` the overall / mean class accuracy on its labelled pixels is printed.
     """
-    (options or PredictOptions()).require_defaults("hsi_scene", "overlap", "rotations", "flip", "votes")
+    options = options or PredictOptions()
+    options.require_defaults("hsi_scene", "overlap", "rotations", "flip", "votes", "probabilities", "columns", "category")
     input_path, output_path = Path(input_path), Path(output_path)
     suffix = output_path.suffix.lower()
-    if suffix not in _PRED_SUFFIXES:
+    if suffix not in PREDICT_SUFFIXES:
         raise DataError(
-            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(_PRED_SUFFIXES)}"
+            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(PREDICT_SUFFIXES)}"
         )
     try:
         norm = Normalizer.from_state(state["normaliser"])
@@ -73,11 +112,13 @@ def predict_hsi_file(
         in_bands = int(state["in_bands"])
     except KeyError as exc:
         raise DataError(f"checkpoint data state: missing key {exc.args[0]!r}; not an hsi_scene checkpoint") from exc
-    scene = _read_for_prediction(cfg, input_path)
+    scene, georef = _read_for_prediction(cfg, input_path)
     if scene.num_bands != in_bands:
         raise DataError(
             f"{input_path}: the cube has {scene.num_bands} bands but the model was trained on {in_bands} bands"
         )
+    if options.labels is not None:
+        scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names))
     padded = pad_cube(norm.transform(scene.cube), patch_size, padding)  # (C, H + 2r, W + 2r)
     wl = state.get("wavelengths")
     wavelength = torch.as_tensor(wl, dtype=torch.float32) if wl is not None else None
@@ -90,13 +131,18 @@ def predict_hsi_file(
 
     ids = predict_scene(predict, padded, patch_size, batch_size, make_batch=make_batch)  # (H, W)
     label_map = ids + 1
+    if options.labels is not None:
+        s = map_scores(label_map, scene.gt, len(class_names))
+        print(f"{input_path.name}: OA {100 * s['oa']:.2f}  AA {100 * s['aa']:.2f} on {s['pixels']} labelled pixels of {options.labels}")
     if suffix == ".npy":
         return save_map_npy(output_path, label_map)
-    save_map_npy(output_path.with_suffix(".npy"), label_map)
     if suffix == ".png":
         gt = scene.gt if scene.gt is not None and scene.gt.max() <= len(class_names) else None
         return save_map_png(output_path, label_map, class_names, gt=gt)
-    save_map_envi(output_path.with_suffix(".hdr"), label_map, class_names)
+    if suffix in GEOTIFF_SUFFIXES:
+        return write_geotiff_map(output_path, label_map, class_names, georef)
+    save_map_envi(output_path.with_suffix(".hdr"), label_map, class_names, georef=georef)
     return output_path
 
 
+predict_hsi_file.suffixes = PREDICT_SUFFIXES  # type: ignore[attr-defined]  # checked before the model loads

@@ -1,0 +1,221 @@
+"""Georeference of hyperspectral scenes and GeoTIFF maps (the optional ``raster`` extra: rasterio).
+
+A *georef* is a plain dict carried from an input scene to its classification maps::
+
+    {"transform": [a, b, c, d, e, f],        # x = a*col + b*row + c, y = d*col + e*row + f (pixel corners)
+     "crs_wkt": "PROJCS[...]" or None,        # the coordinate reference system as WKT
+     "map_info": ["UTM", "1", "1", ...],      # ENVI 'map info' as read (kept verbatim for ENVI outputs)
+     "coordinate_system_string": "..."}       # ENVI 'coordinate system string' (WKT)
+
+ENVI inputs give ``map_info`` / ``coordinate_system_string`` (and a transform derived from
+them when the map is not rotated); GeoTIFF inputs give ``transform`` / ``crs_wkt``. ENVI
+outputs write the ENVI keys, GeoTIFF outputs the transform and CRS; each is derived
+from the other when missing.
+
+GeoTIFF maps (:func:`write_geotiff_map`) are single-band uint8 (uint16 beyond 255
+classes) with no-data 0 (unclassified), a colour table (index 0 black, classes as in
+the PNG and ENVI maps) and the class names as tags (``CLASS_NAMES`` JSON, ``CLASS_<k>``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sciformer.data.palette import class_colors
+from sciformer.errors import DataError
+from sciformer.utils.atomic import atomic_write_with
+
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
+NO_DATA = 0  # unclassified / unlabelled pixel of a map
+
+
+def _rasterio() -> Any:
+    try:
+        import rasterio
+    except ImportError as exc:
+        raise DataError('GeoTIFF needs rasterio: pip install "sciformer[raster]" (or pip install rasterio)') from exc
+    return rasterio
+
+
+# ----------------------------------------------------------------------------- ENVI georeference
+
+
+def envi_header_of(path: Path) -> Path | None:
+    """The ENVI header of ``path`` (itself, ``<path>.hdr`` or ``<stem>.hdr``), if any."""
+    if path.suffix.lower() == ".hdr":
+        return path
+    for cand in (Path(str(path) + ".hdr"), path.with_suffix(".hdr"), path.with_suffix(".HDR")):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def georef_from_envi_header(header: Path) -> dict[str, Any] | None:
+    """``map info`` / ``coordinate system string`` of an ENVI header (None when it has neither)."""
+    import spectral.io.envi as envi
+
+    try:
+        meta = envi.read_envi_header(str(header))
+    except Exception:  # noqa: BLE001 - the reader reports a bad header itself; no georef here
+        return None
+    map_info = meta.get("map info")
+    css = meta.get("coordinate system string")
+    if map_info is None and css is None:
+        return None
+    if isinstance(css, list):
+        css = ",".join(css)
+    georef: dict[str, Any] = {"map_info": [str(v).strip() for v in map_info] if map_info else None,
+                              "coordinate_system_string": css, "crs_wkt": css, "transform": None}
+    if georef["map_info"]:
+        georef["transform"] = transform_from_map_info(georef["map_info"])
+        if georef["crs_wkt"] is None:
+            georef["crs_wkt"] = _utm_wkt(georef["map_info"])
+    return georef
+
+
+def transform_from_map_info(map_info: list[str]) -> list[float] | None:
+    """Affine ``[a, b, c, d, e, f]`` of an ENVI ``map info`` (None for rotated maps or bad values).
+
+    ``map info = {proj, ref col, ref row, ref x, ref y, pixel x, pixel y, ...}``; reference
+    pixel (1, 1) is the upper-left corner of the upper-left pixel.
+    """
+    if any(str(v).strip().lower().startswith("rotation") and float(str(v).split("=")[1]) != 0 for v in map_info if "=" in str(v)):
+        return None
+    try:
+        ref_col, ref_row, x, y, sx, sy = (float(v) for v in map_info[1:7])
+    except (ValueError, IndexError):
+        return None
+    return [sx, 0.0, x - (ref_col - 1.0) * sx, 0.0, -sy, y + (ref_row - 1.0) * sy]
+
+
+def _utm_wkt(map_info: list[str]) -> str | None:
+    """WKT of a WGS-84 UTM ``map info`` (``UTM, ..., zone, North, WGS-84``); None otherwise."""
+    if not map_info or map_info[0].strip().upper() != "UTM" or len(map_info) < 10:
+        return None
+    if "WGS-84" not in map_info[9].upper().replace(" ", ""):
+        return None
+    try:
+        zone = int(map_info[7])
+    except ValueError:
+        return None
+    epsg = (32600 if map_info[8].strip().lower().startswith("n") else 32700) + zone
+    try:
+        return str(_rasterio().crs.CRS.from_epsg(epsg).to_wkt())
+    except DataError:
+        return None
+
+
+def envi_metadata(georef: dict[str, Any] | None) -> dict[str, Any]:
+    """ENVI header keys of a georef: its own ``map info`` when it has one, else one from the transform."""
+    if not georef:
+        return {}
+    out: dict[str, Any] = {}
+    css = georef.get("coordinate_system_string") or georef.get("crs_wkt")
+    if georef.get("map_info"):
+        out["map info"] = list(georef["map_info"])
+    elif georef.get("transform"):
+        a, b, c, d, e, f = georef["transform"]
+        if b == 0 and d == 0:
+            name = "Arbitrary"
+            if css:
+                try:
+                    crs = _rasterio().crs.CRS.from_wkt(css)
+                    name = "Geographic Lat/Lon" if crs.is_geographic else (crs.to_dict().get("proj", "Arbitrary") or "Arbitrary")
+                    name = "UTM" if str(name).lower() == "utm" else name
+                except Exception:  # noqa: BLE001 - an unusual CRS still travels as the WKT string
+                    pass
+            out["map info"] = [name, "1", "1", repr(float(c)), repr(float(f)), repr(float(a)), repr(float(-e)), "units=Meters"]
+    if css:
+        out["coordinate system string"] = "{" + str(css) + "}"
+    return out
+
+
+# ----------------------------------------------------------------------------- GeoTIFF
+
+
+def read_geotiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    """A GeoTIFF's bands as (H, W, B) (native dtype) and its georef."""
+    rasterio = _rasterio()
+    try:
+        with rasterio.open(path) as src:
+            data = np.moveaxis(src.read(), 0, -1)  # (H, W, B)
+            georef = {"transform": list(src.transform)[:6], "crs_wkt": src.crs.to_wkt() if src.crs else None,
+                      "map_info": None, "coordinate_system_string": None, "nodata": src.nodata}
+    except rasterio.errors.RasterioError as exc:
+        raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
+    return data, georef
+
+
+def georef_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The georeference of an input scene file (ENVI header or GeoTIFF), None when it has none."""
+    path = Path(path)
+    if path.suffix.lower() in GEOTIFF_SUFFIXES:
+        georef = read_geotiff_georef(path)
+        return georef if georef.get("crs_wkt") or georef.get("transform") != [1.0, 0.0, 0.0, 0.0, 1.0, 0.0] else None
+    header = envi_header_of(path)
+    return georef_from_envi_header(header) if header is not None else None
+
+
+def read_geotiff_georef(path: Path) -> dict[str, Any]:
+    rasterio = _rasterio()
+    try:
+        with rasterio.open(path) as src:
+            return {"transform": list(src.transform)[:6], "crs_wkt": src.crs.to_wkt() if src.crs else None,
+                    "map_info": None, "coordinate_system_string": None}
+    except rasterio.errors.RasterioError as exc:
+        raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
+
+
+def write_geotiff_map(
+    path: str | os.PathLike[str],
+    label_map: np.ndarray,
+    class_names: list[str],
+    georef: dict[str, Any] | None = None,
+    description: str = "sciformer classification map",
+) -> Path:
+    """Write a classification map (0 = unclassified, 1..K) as a GeoTIFF, atomically.
+
+    Keeps ``georef``'s transform and CRS; no-data 0; a colour table; class names as tags.
+    """
+    rasterio = _rasterio()
+    from rasterio.transform import Affine
+
+    path = Path(path)
+    m = np.asarray(label_map)
+    if m.ndim != 2 or m.dtype.kind not in "uib" or (m.size and (m.min() < 0 or m.max() > len(class_names))):
+        raise DataError(f"{path}: expected a 2-D map of 0..{len(class_names)}, got shape {m.shape} dtype {m.dtype}")
+    dtype = "uint8" if len(class_names) < 256 else "uint16"
+    transform = Affine(*georef["transform"]) if georef and georef.get("transform") else None
+    crs = None
+    if georef and georef.get("crs_wkt"):
+        try:
+            crs = rasterio.crs.CRS.from_wkt(georef["crs_wkt"])
+        except rasterio.errors.CRSError as exc:
+            raise DataError(f"{path}: the input's coordinate system cannot be written to GeoTIFF ({exc})") from exc
+    colors = class_colors(len(class_names))  # (K + 1, 3) uint8, row 0 black
+    names = ["Unclassified", *class_names]
+
+    def write(tmp: Path) -> None:
+        profile = {"driver": "GTiff", "height": m.shape[0], "width": m.shape[1], "count": 1, "dtype": dtype,
+                   "nodata": NO_DATA, "compress": "deflate"}
+        if dtype == "uint8":
+            profile["photometric"] = "palette"  # a colour-mapped image for every TIFF reader, not only GDAL
+        if transform is not None:
+            profile["transform"] = transform
+        if crs is not None:
+            profile["crs"] = crs
+        with rasterio.open(tmp, "w", **profile) as dst:
+            dst.write(m.astype(dtype), 1)
+            if dtype == "uint8":
+                dst.write_colormap(1, {i: (*map(int, colors[i]), 255) for i in range(len(names))})
+            dst.update_tags(CLASS_NAMES=json.dumps(names), TIFFTAG_IMAGEDESCRIPTION=description,
+                            **{f"CLASS_{i}": n for i, n in enumerate(names)})
+            dst.set_band_description(1, "class (0 = unclassified)")
+
+    atomic_write_with(path, write)
+    return path

@@ -1,0 +1,108 @@
+"""Hyperspectral ``predict`` keeps the scene's georeference: ENVI map info through to ENVI and
+GeoTIFF maps (no-data, colour table, class names), GeoTIFF cubes in, and a ``--labels`` map
+for the ground-truth panel and scores. GeoTIFFs are read back with rasterio (the writer)
+and with Pillow (an independent TIFF reader)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import spectral.io.envi as envi
+from synthetic import make_hsi_scene
+
+from sciformer.cli import main
+from sciformer.data.palette import class_colors
+
+rasterio = pytest.importorskip("rasterio")
+MAP_INFO = ["UTM", "1", "1", "500000.0", "4200000.0", "30.0", "30.0", "32", "North", "WGS-84", "units=Meters"]
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny trained run, its cube as an ENVI file with a UTM map info, and its label map."""
+    root = tmp_path_factory.mktemp("hsi")
+    cube, gt, _ = make_hsi_scene(h=20, w=24, bands=9, classes=3, block=4)
+    scipy.io.savemat(root / "scene.mat", {"cube": cube.astype(np.float32), "labels": gt.astype(np.uint8)})
+    (root / "tiny.yaml").write_text(
+        "name: tiny_hsi\ndata:\n  name: hsi_scene\n  source: scene.mat\n  class_names: [red, green, blue]\n"
+        "  patch_size: 3\n  split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}\n"
+        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
+        "train: {epochs: 2, batch_size: 16, progress: never}\n")
+    assert main(["train", "-c", str(root / "tiny.yaml"), "-o", str(root / "run")]) == 0
+    envi.save_image(str(root / "cube.hdr"), cube.astype(np.float32), ext=".img", force=True,
+                    metadata={"map info": MAP_INFO})
+    np.save(root / "gt.npy", gt.astype(np.int64))
+    return {"run": root / "run", "envi": root / "cube.hdr", "gt": root / "gt.npy", "cube": root / "scene.mat"}
+
+
+def predict(scene: dict[str, Path], inp: Path, out: Path, *extra: str) -> int:
+    return main(["predict", "--checkpoint", str(scene["run"]), "-i", str(inp), "-o", str(out), *extra])
+
+
+def test_geotiff_map_keeps_the_envi_georeference(scene: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "map.tif"
+    assert predict(scene, scene["envi"], out) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.tif"]  # no .npy sibling
+    with rasterio.open(out) as src:
+        assert src.crs.to_epsg() == 32632  # UTM 32 North, WGS-84 from the map info
+        assert list(src.transform)[:6] == [30.0, 0.0, 500000.0, 0.0, -30.0, 4200000.0]
+        assert src.nodata == 0 and src.count == 1 and src.dtypes[0] == "uint8"
+        label_map = src.read(1)
+        cmap = src.colormap(1)
+        tags = src.tags()
+    assert label_map.shape == (20, 24) and set(np.unique(label_map)) <= {1, 2, 3}
+    colours = class_colors(3)
+    assert [cmap[i][:3] for i in range(4)] == [tuple(int(v) for v in colours[i]) for i in range(4)]
+    assert tags["CLASS_1"] == "red" and tags["CLASS_0"] == "Unclassified"
+    # Pillow, an independent TIFF reader: the same pixels, palette and GeoTIFF tags
+    from PIL import Image
+
+    with Image.open(out) as im:
+        assert im.mode == "P"
+        np.testing.assert_array_equal(np.asarray(im), label_map)
+        palette = np.asarray(im.getpalette()[: 3 * 4]).reshape(4, 3)
+        np.testing.assert_array_equal(palette, colours)
+        tiff_tags = dict(im.tag_v2)
+    assert tiff_tags[33550][:2] == (30.0, 30.0)  # ModelPixelScale
+    assert tuple(tiff_tags[33922][3:5]) == (500000.0, 4200000.0)  # ModelTiepoint: pixel (0, 0) -> easting, northing
+    assert 32632 in tiff_tags[34735]  # GeoKeyDirectory names the EPSG code
+    assert "red" in tiff_tags[42112] and tiff_tags[42113] == "0"  # GDAL metadata (class names) and no-data
+
+
+def test_envi_map_carries_map_info(scene: dict[str, Path], tmp_path: Path) -> None:
+    assert predict(scene, scene["envi"], tmp_path / "map.hdr") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.hdr", "map.img"]
+    header = envi.read_envi_header(str(tmp_path / "map.hdr"))
+    assert [v.strip() for v in header["map info"]] == MAP_INFO
+    assert header["class names"][1:] == ["red", "green", "blue"]
+
+
+def test_geotiff_cube_in_envi_map_out(scene: dict[str, Path], tmp_path: Path) -> None:
+    from rasterio.transform import from_origin
+
+    cube = scipy.io.loadmat(scene["cube"])["cube"]  # (H, W, B)
+    tif = tmp_path / "cube.tif"
+    with rasterio.open(tif, "w", driver="GTiff", height=20, width=24, count=9, dtype="float32",
+                       crs="EPSG:32633", transform=from_origin(400000.0, 5000000.0, 10.0, 10.0)) as dst:
+        dst.write(np.moveaxis(cube, -1, 0))
+    assert predict(scene, tif, tmp_path / "out.hdr") == 0
+    header = envi.read_envi_header(str(tmp_path / "out.hdr"))
+    assert [float(v) for v in header["map info"][3:7]] == [400000.0, 5000000.0, 10.0, 10.0]
+    assert "UTM zone 33N" in ",".join(header["coordinate system string"])  # WKT (spectral splits braces at commas)
+    assert predict(scene, scene["envi"], tmp_path / "same.npy") == 0
+    np.testing.assert_array_equal(envi.open(str(tmp_path / "out.hdr")).read_band(0), np.load(tmp_path / "same.npy"))
+
+
+def test_labels_give_the_truth_panel_and_scores(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
+    assert predict(scene, scene["envi"], tmp_path / "map.npy", "--labels", str(scene["gt"])) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    gt, pred = np.load(scene["gt"]), np.load(tmp_path / "map.npy")
+    seen = gt > 0
+    assert f"OA {100 * np.mean(pred[seen] == gt[seen]):.2f}" in line and f"on {seen.sum()} labelled pixels" in line
+    assert predict(scene, scene["envi"], tmp_path / "map.png", "--labels", str(scene["gt"])) == 0
+    np.save(tmp_path / "small.npy", np.zeros((5, 5), np.int64))
+    assert predict(scene, scene["envi"], tmp_path / "m2.npy", "--labels", str(tmp_path / "small.npy")) == 2
+    assert "the map is 5 x 5, the scene 20 x 24" in capsys.readouterr().err
