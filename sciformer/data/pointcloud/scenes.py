@@ -18,18 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from sciformer.contracts import Batch, PredictFn, PredictOptions, ScoreFn
+from sciformer.contracts import Batch, PredictFn, ScoreFn
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.chunking import (
     partition_points,
     predict_chunked,
-    tta_views,
 )
 from sciformer.data.pointcloud.dataset import PointDataset, PointTask
 from sciformer.data.pointcloud.io import write_ply
 from sciformer.data.pointcloud.sample import (
     assemble_features,
-    collate_points,
     split_by_offset,
 )
 from sciformer.data.transforms import (
@@ -231,20 +229,6 @@ def predict_scene(
     return logits_kept.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
 
 
-def predict_scene_file(dataset: SceneEvalDataset, predict: PredictFn, *, batch_size: int, num_classes: int,
-                       options: PredictOptions) -> np.ndarray:
-    """:func:`predict_scene` of a file predictor's one-scene dataset with the ``predict`` flags.
-
-    ``options.overlap`` sets the chunk overlap, ``options.rotations`` / ``options.flip``
-    the test-time views.
-
-    Shapes: -> (n,) int64, n = the scene's full point count.
-    """
-
-    return predict_scene(dataset, 0, predict, collate_points, batch_size=batch_size, num_classes=num_classes,
-                         overlap=options.overlap, views=tta_views(options.rotations, options.flip))
-
-
 def scene_predictions(
     dataset: SceneEvalDataset,
     predict: PredictFn,
@@ -307,28 +291,6 @@ class ArrayScene(SceneSource):
 
     def load(self, index: int) -> Sample:
         return self.sample
-
-
-PREDICTION_SUFFIXES = (".npy", ".ply")
-
-
-def write_point_predictions(output_path: Path, sample: Sample, pred: np.ndarray) -> Path:
-    """Write per-point predictions: ``.npy`` (n,) int64, or ``.ply`` with x, y, z, colour, pred
-    (and label when the input had one) plus a ``.npy`` sibling."""
-    output_path = Path(output_path)
-    suffix = output_path.suffix.lower()
-    if suffix not in PREDICTION_SUFFIXES:
-        raise DataError(
-            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(PREDICTION_SUFFIXES)}"
-        )
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(output_path.with_suffix(".npy"), pred.astype(np.int64))
-    if suffix == ".ply":
-        fields = {"pred": pred.astype(np.int32)}
-        if "label" in sample:
-            fields["label"] = np.asarray(sample["label"]).astype(np.int32)
-        write_ply(output_path, np.asarray(sample["coord"]), sample.get("colour"), **fields)
-    return output_path
 
 
 class SceneSegmentationTask(PointTask):
