@@ -225,19 +225,23 @@ class NeighborBasis:
         nb = phi.shape[-1]
         count = valid.sum(1, keepdim=True).clamp_min(1).to(dtype)  # (N, 1)
         phi = phi * (valid.unsqueeze(-1) / count.unsqueeze(-1))  # (N, k, nb); padding -> 0
-        cols = (torch.arange(nb, device=idx.device) * n).view(1, 1, nb) + safe.unsqueeze(-1)  # (N, k, nb)
         dev = idx.device
-        crow = torch.arange(0, n * k * nb + 1, k * nb, device=dev)  # (N + 1,)
-        flat_cols, flat_vals = cols.reshape(-1), phi.reshape(-1)  # (N k nb,)
-        order = torch.argsort(flat_cols, stable=True)  # entries grouped by column
-        counts = torch.bincount(flat_cols, minlength=nb * n)  # (nb N,)
-        crow_t = torch.zeros(nb * n + 1, dtype=torch.long, device=dev)
-        torch.cumsum(counts, 0, out=crow_t[1:])
-        rows_t = torch.div(order, k * nb, rounding_mode="floor")  # (E,) query of each entry
+        e = n * k
+        cols = (torch.arange(nb, device=dev) * n).view(1, 1, nb) + safe.unsqueeze(-1)  # (N, k, nb)
+        crow = torch.arange(0, e * nb + 1, k * nb, device=dev)  # (N + 1,) k nb entries per row
+        # the transpose: every A_b^T has the pattern of the kNN graph's transpose
+        flat = safe.reshape(-1)  # (E,)
+        order = torch.argsort(flat, stable=True)  # edges grouped by source point
+        crow1 = torch.zeros(n + 1, dtype=torch.long, device=dev)
+        torch.cumsum(torch.bincount(flat, minlength=n), 0, out=crow1[1:])
+        shifts = torch.arange(nb, device=dev).unsqueeze(1) * e  # (nb, 1)
+        crow_t = torch.cat([(crow1[:-1].unsqueeze(0) + shifts).reshape(-1), crow1.new_tensor([nb * e])])  # (nb N + 1,)
+        rows_t = torch.div(order, k, rounding_mode="floor").repeat(nb)  # (nb E,) query of each entry
+        vals_t = phi.reshape(e, nb)[order].t().reshape(-1)  # (nb E,) block b = A_b^T
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-            adj = torch.sparse_csr_tensor(crow, flat_cols, flat_vals, (n, nb * n), check_invariants=False)
-            adj_t = torch.sparse_csr_tensor(crow_t, rows_t, flat_vals[order], (nb * n, n), check_invariants=False)
+            adj = torch.sparse_csr_tensor(crow, cols.reshape(-1), phi.reshape(-1), (n, nb * n), check_invariants=False)
+            adj_t = torch.sparse_csr_tensor(crow_t, rows_t, vals_t, (nb * n, n), check_invariants=False)
         return cls(adj=adj, adj_t=adj_t, num_points=n)
 
 
