@@ -102,6 +102,14 @@ def build_attention_bias(
     return bias.masked_fill(mask, float("-inf"))  # broadcast (n, H|1, L|1, L)
 
 
+def _no_key_bias_grad(grad: torch.Tensor) -> torch.Tensor:
+    """The fused (3D,) bias gradient with its key part [D:2D] set to zero."""
+    d = grad.shape[0] // 3
+    grad = grad.clone()
+    grad[d : 2 * d] = 0
+    return grad
+
+
 class MultiHeadAttention(nn.Module):
     """Dense multi-head scaled dot-product attention (Vaswani et al. 2017).
 
@@ -141,6 +149,8 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.attn_drop = float(attn_drop)
         self.qkv = QKVProjection(dim, bias=qkv_bias)
+        if qkv_bias:  # softmax ignores a key bias (q.b_k is the same for every key): its gradient is 0 up to rounding,
+            self.qkv.qkv.bias.register_hook(_no_key_bias_grad)  # which Adam would turn into steps; keep it exactly 0
         self.out = OutputProjection(dim, dropout=proj_drop)
 
     def forward(
