@@ -149,7 +149,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import torch
 
     from sciformer.contracts import PredictOptions
-    from sciformer.engine.inference import expand_inputs, plan_outputs, prediction_suffixes
+    from sciformer.engine.inference import (
+        expand_inputs,
+        plan_outputs,
+        prediction_suffixes,
+    )
 
     if args.batch_size is not None and args.batch_size < 1:
         raise SciformerError(f"--batch-size must be at least 1, got {args.batch_size}")
@@ -165,7 +169,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: Any) -> int:
     from sciformer.engine.checkpoint import load_checkpoint
-    from sciformer.engine.inference import load_for_inference, plan_outputs, predict_fn, prediction_suffixes
+    from sciformer.engine.inference import (
+        load_for_inference,
+        plan_outputs,
+        predict_fn,
+        prediction_suffixes,
+    )
     from sciformer.registry import DATASETS
 
     state = load_checkpoint(args.checkpoint, in_run="best.pt")

@@ -101,7 +101,7 @@ def test_nan_points_keep_their_rows(run: Path, scans: Path, tmp_path: Path) -> N
 
 
 def test_output_checked_before_the_model_loads(run: Path, scans: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import sciformer.engine.inference as inference
+    from sciformer.engine import inference
 
     def boom(*args, **kwargs):
         raise AssertionError("the model was loaded before the output path was checked")
@@ -117,7 +117,7 @@ def test_output_checked_before_the_model_loads(run: Path, scans: Path, tmp_path:
 
 
 def test_folder_and_glob_inputs_load_the_model_once(run: Path, scans: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    import sciformer.engine.inference as inference
+    from sciformer.engine import inference
 
     calls = []
     original = inference.load_for_inference

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.io
-import spectral.io.envi as envi
+from spectral.io import envi
 from synthetic import make_hsi_scene
 
 from sciformer.cli import main

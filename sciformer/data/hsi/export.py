@@ -113,7 +113,7 @@ def save_map_envi(
     ``map info`` and ``coordinate system string``. Both files are written to temporary
     names and renamed (data first). Returns (header path, data path).
     """
-    import spectral.io.envi as envi
+    from spectral.io import envi
 
     from sciformer.data.hsi.geotiff import envi_metadata
 

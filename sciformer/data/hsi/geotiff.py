@@ -19,6 +19,7 @@ the PNG and ENVI maps) and the class names as tags (``CLASS_NAMES`` JSON, ``CLAS
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -57,7 +58,7 @@ def envi_header_of(path: Path) -> Path | None:
 
 def georef_from_envi_header(header: Path) -> dict[str, Any] | None:
     """``map info`` / ``coordinate system string`` of an ENVI header (None when it has neither)."""
-    import spectral.io.envi as envi
+    from spectral.io import envi
 
     try:
         meta = envi.read_envi_header(str(header))
@@ -123,12 +124,10 @@ def envi_metadata(georef: dict[str, Any] | None) -> dict[str, Any]:
         if b == 0 and d == 0:
             name = "Arbitrary"
             if css:
-                try:
+                with contextlib.suppress(Exception):  # an unusual CRS still travels as the WKT string
                     crs = _rasterio().crs.CRS.from_wkt(css)
                     name = "Geographic Lat/Lon" if crs.is_geographic else (crs.to_dict().get("proj", "Arbitrary") or "Arbitrary")
                     name = "UTM" if str(name).lower() == "utm" else name
-                except Exception:  # noqa: BLE001 - an unusual CRS still travels as the WKT string
-                    pass
             out["map info"] = [name, "1", "1", repr(float(c)), repr(float(f)), repr(float(a)), repr(float(-e)), "units=Meters"]
     if css:
         out["coordinate system string"] = "{" + str(css) + "}"

@@ -16,7 +16,12 @@ from sciformer.contracts import (
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
-from sciformer.data.hsi.geotiff import GEOTIFF_SUFFIXES, georef_of, read_geotiff, write_geotiff_map
+from sciformer.data.hsi.geotiff import (
+    GEOTIFF_SUFFIXES,
+    georef_of,
+    read_geotiff,
+    write_geotiff_map,
+)
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import pad_cube, predict_scene
 from sciformer.data.hsi.readers import (

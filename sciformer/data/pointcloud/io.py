@@ -313,6 +313,15 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
 
 
 __all__ = [
-    "BIN_DTYPES", "POINT_SUFFIXES", "parse_columns", "PointData", "las_has_rgb", "lzf_decompress", "parse_text_table",
-    "read_off", "read_point_file", "sample_mesh_surface", "write_ply",
+    "BIN_DTYPES",
+    "POINT_SUFFIXES",
+    "PointData",
+    "las_has_rgb",
+    "lzf_decompress",
+    "parse_columns",
+    "parse_text_table",
+    "read_off",
+    "read_point_file",
+    "sample_mesh_surface",
+    "write_ply",
 ]

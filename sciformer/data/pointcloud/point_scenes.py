@@ -37,12 +37,35 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
 from sciformer.data.pointcloud.dataset import PointDataset, state_value
-from sciformer.data.pointcloud.export import POINT_OUTPUTS, check_output_suffix, write_point_predictions
+from sciformer.data.pointcloud.export import (
+    POINT_OUTPUTS,
+    check_output_suffix,
+    write_point_predictions,
+)
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
-from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features, valid_points
+from sciformer.data.pointcloud.predict_file import (
+    predict_cloud,
+    read_cloud,
+    require_features,
+    valid_points,
+)
 from sciformer.data.pointcloud.sample import check_features, feature_channels
-from sciformer.data.pointcloud.scenes import SceneEvalDataset, SceneSegmentationTask, SceneSource, check_eval_transform_specs
-from sciformer.data.transforms import CenterShift, Compose, GridSample, Sample, SphereCrop, build_transforms, check_transform_specs, index_points
+from sciformer.data.pointcloud.scenes import (
+    SceneEvalDataset,
+    SceneSegmentationTask,
+    SceneSource,
+    check_eval_transform_specs,
+)
+from sciformer.data.transforms import (
+    CenterShift,
+    Compose,
+    GridSample,
+    Sample,
+    SphereCrop,
+    build_transforms,
+    check_transform_specs,
+    index_points,
+)
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
 
@@ -196,7 +219,7 @@ class SceneFiles(SceneSource):
                             "name a sibling label file with data.label_files")
         if len(raw) != len(data["coord"]):
             raise DataError(f"{path}: {len(raw)} labels for {len(data['coord'])} points")
-        require_features(path, data, self.features)
+        require_features(path, data, self.features, training=True)
         sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64), "label": map_labels(raw, self.table, self.cfg.unmapped)}
         for key in ("colour", "intensity", "normal"):
             if key in data:
@@ -268,19 +291,19 @@ def predict_point_scenes_file(
     for key in ("colour", "intensity", "normal"):
         if key in data:
             sample[key] = np.asarray(data[key], dtype=np.float32)
+    label_files = state.get("label_files")
+    raw = data.get("label")
+    if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():
+        raw = sibling_labels(input_path, (str(label_files[0]), str(label_files[1])))  # the truth, for the output's label field
+    if raw is not None and len(raw) == len(sample["coord"]):
+        sample["label"] = map_labels(raw, table, str(state.get("unmapped", "ignore")))
     prediction = predict_cloud(
         predict, sample, class_names=list(table), features=features, grid_size=state.get("grid_size"),
         max_points=state.get("eval_max_points"), part_z="min",
         transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), batch_size=batch_size,
         options=options, desc=input_path.name,
     )
-    out: Sample = {"coord": sample["coord"], "colour": data.get("colour")}
-    label_files = state.get("label_files")
-    raw = data.get("label")
-    if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():
-        raw = sibling_labels(input_path, (str(label_files[0]), str(label_files[1])))  # the truth, for the PLY's label field
-    if raw is not None and len(raw) == len(sample["coord"]):
-        out["label"] = map_labels(raw, table, str(state.get("unmapped", "ignore")))
+    out: Sample = {"coord": sample["coord"], "colour": data.get("colour"), "label": sample.get("label")}
     return write_point_predictions(output_path, {k: v for k, v in out.items() if v is not None}, prediction,
                                    source=input_path, asprs_codes=label_codes(table), probabilities=options.probabilities)
 

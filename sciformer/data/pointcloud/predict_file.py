@@ -20,12 +20,18 @@ from sciformer.data.pointcloud.chunking import predict_chunked, tta_views
 from sciformer.data.pointcloud.export import PointPrediction
 from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.sample import assemble_features
-from sciformer.data.transforms import CenterShift, Compose, Sample, grid_sample_indices, index_points
+from sciformer.data.transforms import (
+    CenterShift,
+    Compose,
+    Sample,
+    grid_sample_indices,
+    index_points,
+)
 from sciformer.errors import DataError
 from sciformer.utils.progress import progress
 
 # What a feature needs in the file, and what to say when it is missing.
-_FEATURE_FIELDS = {"colour": "red/green/blue colour", "intensity": "an intensity field", "normal": "normals (nx, ny, nz)"}
+_FEATURE_FIELDS = {"colour": "red/green/blue colour", "intensity": "intensity values", "normal": "normals (nx, ny, nz)"}
 
 
 def read_cloud(path: Path, columns: Sequence[str] | str | None = None) -> dict[str, np.ndarray]:
@@ -33,10 +39,13 @@ def read_cloud(path: Path, columns: Sequence[str] | str | None = None) -> dict[s
     return read_point_file(path, columns, keep_invalid=True)
 
 
-def require_features(path: Path, data: dict[str, Any], features: Sequence[str]) -> None:
-    """A one-line DataError naming the first feature of ``features`` the file lacks."""
+def require_features(path: Path, data: dict[str, Any], features: Sequence[str], *, training: bool = False) -> None:
+    """A one-line DataError naming the first feature of ``features`` the file lacks (and what to do)."""
     for name in features:
         if name in _FEATURE_FIELDS and name not in data:
+            if training:
+                raise DataError(f"{path}: data.features uses '{name}' but the file has no {_FEATURE_FIELDS[name]}; "
+                                f"drop '{name}' from data.features or give every file one")
             raise DataError(f"{path}: the model was trained with feature '{name}' but the file has no "
                             f"{_FEATURE_FIELDS[name]}; use a file with it, or a model trained without it "
                             f"(data.features without '{name}')")

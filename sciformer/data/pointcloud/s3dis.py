@@ -48,9 +48,17 @@ from sciformer.contracts import (
 )
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.dataset import PointDataset, state_value
-from sciformer.data.pointcloud.export import POINT_OUTPUTS, check_output_suffix, write_point_predictions
+from sciformer.data.pointcloud.export import (
+    POINT_OUTPUTS,
+    check_output_suffix,
+    write_point_predictions,
+)
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
+from sciformer.data.pointcloud.predict_file import (
+    predict_cloud,
+    read_cloud,
+    require_features,
+)
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,

@@ -29,11 +29,31 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions, ScoreFn, default_data_root
-from sciformer.data.pointcloud.dataset import PointDataset, PointTask, read_list_file
-from sciformer.data.pointcloud.export import PointPrediction, check_output_suffix, write_point_predictions
+from sciformer.contracts import (
+    BuildContext,
+    DataInfo,
+    PredictFn,
+    PredictOptions,
+    ScoreFn,
+    default_data_root,
+)
+from sciformer.data.pointcloud.dataset import (
+    PointDataset,
+    PointTask,
+    read_list_file,
+    state_value,
+)
+from sciformer.data.pointcloud.export import (
+    PointPrediction,
+    check_output_suffix,
+    write_point_predictions,
+)
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.predict_file import read_cloud, require_features, valid_points
+from sciformer.data.pointcloud.predict_file import (
+    read_cloud,
+    require_features,
+    valid_points,
+)
 from sciformer.data.pointcloud.sample import (
     assemble_features,
     check_features,

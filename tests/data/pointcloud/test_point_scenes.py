@@ -1,0 +1,130 @@
+"""The point_scenes dataset on the real SemanticKITTI scans and on small files of every format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from sciformer.contracts import BuildContext, PredictOptions
+from sciformer.data.pointcloud.io import read_point_file, write_ply
+from sciformer.data.pointcloud.point_scenes import (
+    PointScenesConfig,
+    build_point_scenes,
+    class_table,
+    map_labels,
+    predict_point_scenes_file,
+)
+from sciformer.errors import DataError
+from sciformer.registry import DATASETS
+
+KITTI = {"car": [1], "road": [9], "building": [13], "vegetation": [15]}
+
+
+def kitti_cfg(root: Path, **kw) -> PointScenesConfig:
+    base = {"root": str(root), "train_files": ["seq01_00000[01]_points.npy"], "val_files": ["seq01_000002_points.npy"],
+                "test_files": ["demo_000700_points.npy"], "label_files": ("_points.npy", "_labels.npy"), "classes": KITTI}
+    return PointScenesConfig(**{**base, **kw})
+
+
+def test_registered_with_a_predictor() -> None:
+    assert DATASETS.get("point_scenes").predictor is predict_point_scenes_file
+
+
+def test_label_mapping_against_a_lookup_oracle() -> None:
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 30, 500)
+    table = class_table({"a": [3, 7], "b": [0], "c": []})
+    expected = np.array([{3: 0, 7: 0, 0: 1}.get(int(v), -1) for v in raw])
+    np.testing.assert_array_equal(map_labels(raw, table, "ignore"), expected)
+    np.testing.assert_array_equal(map_labels(raw, table, "c"), np.where(expected == -1, 2, expected))
+    assert class_table(["x", "y"]) == {"x": [0], "y": [1]}  # a list: label value k is class k
+    with pytest.raises(ValidationError, match="label value 3 is already class 'a'"):
+        PointScenesConfig(train_files=["a"], val_files=["b"], classes={"a": [3], "b": [3]})
+    with pytest.raises(ValidationError, match="unmapped: 'other' is neither"):
+        PointScenesConfig(train_files=["a"], val_files=["b"], classes=["a"], unmapped="other")
+
+
+def test_real_scans_with_sibling_label_files(data_root: Path, ctx: BuildContext) -> None:
+    root = data_root / "semantickitti_scans"
+    task = build_point_scenes(kitti_cfg(root, grid_size=0.5, crop_points=1000), ctx)
+    assert task.info.class_names == list(KITTI) and task.info.in_channels == 0
+    assert task.describe()["files"] == {"train": ["seq01_000000_points.npy", "seq01_000001_points.npy"],
+                                        "val": ["seq01_000002_points.npy"], "test": ["demo_000700_points.npy"]}
+    scene = task.scene("test", 0)
+    raw = np.load(root / "demo_000700_labels.npy").reshape(-1)
+    np.testing.assert_array_equal(scene["coord"], np.load(root / "demo_000700_points.npy").astype(np.float64))
+    oracle = np.select([raw == 1, raw == 9, raw == 13, raw == 15], [0, 1, 2, 3], default=-1)
+    np.testing.assert_array_equal(scene["label"], oracle)
+    item = task.dataset("train")[0]
+    assert len(item["coord"]) == 1000 and item["feat"].shape == (1000, 0)
+    assert item["coord"][:, 2].min() == pytest.approx(0.0, abs=1e-5)  # z from the crop's lowest point
+
+
+def test_absolute_paths_and_globs(data_root: Path, ctx: BuildContext, tmp_path: Path, one_line_error) -> None:
+    root = data_root / "semantickitti_scans"
+    cfg = kitti_cfg(tmp_path, train_files=[str(root / "seq01_00000[01]_points.npy")],
+                    val_files=[str(root / "seq01_000002_points.npy")], test_files=[])
+    task = build_point_scenes(cfg, ctx)
+    assert task.describe()["files"]["val"] == [str(root / "seq01_000002_points.npy")]
+    assert len(task.dataset("test")) == 0 and task.describe()["test"] == "none (data.test_files: [])"
+    with pytest.raises(DataError) as err:
+        build_point_scenes(kitti_cfg(root, val_files=["nothing_*.npy"]), ctx)
+    one_line_error(err, "data.val_files: 'nothing_*.npy' matches no file")
+    with pytest.raises(DataError) as err:
+        build_point_scenes(kitti_cfg(root, val_files=["seq01_000001_points.npy"]), ctx)
+    one_line_error(err, "also in data.train_files")
+
+
+def test_formats_with_a_label_field(tmp_path: Path, ctx: BuildContext) -> None:
+    """PLY with a 'class' field, a text table and a KITTI-style .bin scan with its .label file."""
+    rng = np.random.default_rng(1)
+    coord = rng.normal(size=(300, 3))
+    label = rng.integers(0, 3, 300)
+    write_ply(tmp_path / "a.ply", coord, **{"class": label.astype(np.int32)})
+    np.savetxt(tmp_path / "b.txt", np.column_stack([coord, label]), header="x y z label", comments="//")
+    np.column_stack([coord, np.ones(300)]).astype("<f4").tofile(tmp_path / "c.bin")
+    label.astype("<u4").tofile(tmp_path / "c.label")
+    base = {"root": str(tmp_path), "classes": ["p", "q", "r"], "grid_size": None, "crop_points": None}
+    task = build_point_scenes(PointScenesConfig(train_files=["a.ply"], val_files=["b.txt"], **base), ctx)
+    np.testing.assert_array_equal(task.scene("val", 0)["label"], label)
+    bins = PointScenesConfig(train_files=["c.bin"], val_files=["c.bin"], columns=["x", "y", "z", "intensity"],
+                             label_files=(".bin", ".label"), features=["intensity"], **base)
+    with pytest.raises(DataError, match="splits must not share files"):
+        build_point_scenes(bins, ctx)
+    with pytest.raises(DataError, match="data.features uses 'intensity' but the file has no intensity"):
+        build_point_scenes(PointScenesConfig(train_files=["a.ply"], val_files=["b.txt"], features=["intensity"], **base),
+                           ctx).scene("val", 0)
+    np.column_stack([coord, np.ones(300)]).astype("<f4").tofile(tmp_path / "d.bin")
+    label.astype("<u4").tofile(tmp_path / "d.label")
+    train = build_point_scenes(bins.model_copy(update={"val_files": ["d.bin"]}), ctx).dataset("train")[0]
+    np.testing.assert_array_equal(train["label"], label)
+    np.testing.assert_allclose(train["feat"][:, 0], 1.0)
+
+
+def test_predictor_keeps_every_point(tmp_path: Path, ctx: BuildContext) -> None:
+    rng = np.random.default_rng(2)
+    coord = rng.normal(size=(400, 3)) * 5
+    label = (coord[:, 0] > 0).astype(np.int32)
+    coord[[3, 50]] = np.nan
+    np.save(tmp_path / "scan.npy", np.column_stack([coord, label]))
+    cfg = PointScenesConfig(root=str(tmp_path), train_files=["scan.npy"], val_files=["scan.npy"], classes=["w", "e"],
+                            columns=["x", "y", "z", "label"], eval_max_points=150)
+    state = {"class_names": ["w", "e"], "classes": {"w": [0], "e": [1]}, "features": [], "grid_size": None,
+             "eval_max_points": 150, "columns": "x,y,z,label", "unmapped": "ignore"}
+
+    def oracle(batch):  # class from the chunk's label, so predictions must come back in input order
+        import torch
+
+        return torch.nn.functional.one_hot(batch["target"].clamp(min=0), 2).float() * 4
+
+    out = predict_point_scenes_file(cfg, state, oracle, tmp_path / "scan.npy", tmp_path / "out.ply", 16,
+                                    options=PredictOptions(overlap=0.5))
+    ply = read_point_file(out, keep_invalid=True)
+    assert len(ply["pred"]) == 400
+    expected = label.copy()
+    expected[[3, 50]] = -1
+    np.testing.assert_array_equal(ply["pred"], expected)
+    np.testing.assert_array_equal(ply["valid"], expected >= 0)
