@@ -216,7 +216,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for dist, purpose in [
         ("pykdtree", "fast CPU kNN"), ("fpsample", "fast CPU farthest point sampling"), ("torch-cluster", "GPU kNN/FPS"),
         ("torch-geometric", "PyG interop"), ("open3d", "point-cloud I/O"), ("laspy", "LAS/LAZ LiDAR"), ("lazrs", "LAZ decompression"),
-        ("tensorly", "built-in Indian Pines scene"), ("tensorboard", "TensorBoard logs"),
+        ("tensorly", "built-in Indian Pines scene"), ("tensorboard", "TensorBoard logs"), ("rasterio", "GeoTIFF maps and cubes"),
     ]:
         try:
             version = md.version(dist)
