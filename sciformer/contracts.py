@@ -24,13 +24,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from sciformer.errors import ConfigError, SciformerError
+from sciformer.errors import ConfigError, DataError, SciformerError
 
 Batch = dict[str, Any]
 PredictFn = Callable[[Batch], torch.Tensor]  # batch dict -> logits (n, num_classes)
@@ -96,7 +96,7 @@ class PredictOptions:
     category: str | None = None  # part segmentation: the shape's category, e.g. Airplane (--category)
     labels: str | None = None  # hyperspectral: a ground-truth label map for the figure and metrics (--labels)
 
-    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",  # noqa: RUF012
+    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",
              "probabilities": "--probabilities", "columns": "--columns", "category": "--category", "labels": "--labels"}
 
     def __post_init__(self) -> None:
@@ -116,12 +116,33 @@ class PredictOptions:
 
 @dataclass
 class DataInfo:
-    """What a model builder needs to know about the data."""
+    """What a model builder needs to know about the data (stored in checkpoints as plain data)."""
 
     num_classes: int
     class_names: list[str]
     in_channels: int  # spectral bands (hyperspectral) or per-point feature channels (points)
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. patch_size, wavelengths
+    task: Literal["classification", "segmentation"] | None = None  # point clouds: one label per cloud or per point
+    patch_size: int | None = None  # hyperspectral: odd side p of the (B, p, p) pixel patches
+    wavelengths: list[float] | None = None  # hyperspectral: band centres in nm (None: unknown, or PCA components)
+    features: list[str] | None = None  # point clouds: per-point feature names, in channel order
+    category_names: list[str] | None = None  # part segmentation: object categories (one-hot input)
+    category_parts: dict[str, list[int]] | None = None  # part segmentation: class ids of each category's parts
+
+    def __post_init__(self) -> None:
+        if self.patch_size is not None:
+            self.patch_size = check_patch_size(self.patch_size, key="DataInfo.patch_size")
+
+
+def check_patch_size(patch_size: Any, *, key: str = "patch_size", error: type[Exception] = DataError) -> int:
+    """The patch-size rule, written once: a positive odd integer (patches have a centre pixel).
+
+    Returns it as an int; otherwise raises ``error`` naming ``key`` (no prefix when empty).
+    """
+    ok = isinstance(patch_size, (int, np.integer)) and not isinstance(patch_size, bool) and patch_size >= 1 and patch_size % 2 == 1
+    if not ok:
+        where = f"{key}: " if key else ""
+        raise error(f"{where}expected a positive odd integer (1, 3, 5, 7, ...), got {patch_size!r}")
+    return int(patch_size)
 
 
 class TaskData(ABC):

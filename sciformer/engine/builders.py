@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,11 +29,17 @@ def build_model(exp: Experiment, info: DataInfo) -> nn.Module:
 
 
 def data_info_to_dict(info: DataInfo) -> dict[str, Any]:
-    return {"num_classes": info.num_classes, "class_names": list(info.class_names), "in_channels": info.in_channels, "extras": dict(info.extras)}
+    """``info`` as plain data for a checkpoint (loads with ``weights_only=True``)."""
+    return dataclasses.asdict(info)
 
 
 def data_info_from_dict(raw: dict[str, Any]) -> DataInfo:
-    return DataInfo(int(raw["num_classes"]), list(raw["class_names"]), int(raw["in_channels"]), dict(raw.get("extras", {})))
+    """The :class:`DataInfo` of a checkpoint; older checkpoints kept the optional fields in an
+    ``extras`` dict, whose known keys are read and the others (descriptive only) dropped."""
+    known = {f.name for f in dataclasses.fields(DataInfo)} - {"num_classes", "class_names", "in_channels"}
+    legacy = raw.get("extras") or {}
+    optional = {k: v for k, v in {**legacy, **raw}.items() if k in known}
+    return DataInfo(int(raw["num_classes"]), list(raw["class_names"]), int(raw["in_channels"]), **optional)
 
 
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -319,7 +319,7 @@ class PointTransformerSegmenter(nn.Module):
 
 # --------------------------------------------------------------------------- builders
 def _check_task(info: DataInfo, expected: str, name: str) -> None:
-    task = info.extras.get("task")
+    task = info.task
     if task is not None and task != expected:
         raise ConfigError(f"model.name: '{name}' is a {expected} model but the data is a {task} task")
 
@@ -335,8 +335,8 @@ def build_point_transformer_cls(cfg: PointTransformerClsConfig, info: DataInfo) 
 def build_point_transformer_seg(cfg: PointTransformerSegConfig, info: DataInfo) -> nn.Module:
     """Point Transformer U-Net segmenter (optional one-hot category for part segmentation)."""
     _check_task(info, "segmentation", "point_transformer_seg")
-    categories = info.extras.get("category_names") or []
+    categories = info.category_names or []
     use = bool(categories) if cfg.use_category is None else cfg.use_category
     if use and not categories:
-        raise ConfigError("model.use_category: the data has no object categories (info.extras['category_names'])")
+        raise ConfigError("model.use_category: the data has no object categories (DataInfo.category_names)")
     return PointTransformerSegmenter(cfg, info.in_channels, info.num_classes, num_categories=len(categories) if use else 0)

@@ -293,8 +293,8 @@ def build_point_transformer_v3_cls(cfg: PointTransformerV3ClsConfig, info: DataI
 def build_point_transformer_v3_seg(cfg: PointTransformerV3SegConfig, info: DataInfo) -> nn.Module:
     """Point Transformer V3 U-Net segmenter (optional one-hot category for part segmentation)."""
     _check_task(info, "segmentation", "point_transformer_v3_seg")
-    categories = info.extras.get("category_names") or []
+    categories = info.category_names or []
     use = bool(categories) if cfg.use_category is None else cfg.use_category
     if use and not categories:
-        raise ConfigError("model.use_category: the data has no object categories (info.extras['category_names'])")
+        raise ConfigError("model.use_category: the data has no object categories (DataInfo.category_names)")
     return PointTransformerV3Segmenter(cfg, info.in_channels, info.num_classes, num_categories=len(categories) if use else 0)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from sciformer.attention.positional import (
@@ -79,12 +79,9 @@ def _patch(batch: dict[str, Any], patch_size: int) -> torch.Tensor:
 
 
 def _patch_size(info: DataInfo) -> int:
-    p = info.extras.get("patch_size")
-    if not isinstance(p, int) or p <= 0:
-        raise ConfigError(
-            f"data: the model needs a positive integer patch size in DataInfo.extras['patch_size'], got {p!r}"
-        )
-    return p
+    if info.patch_size is None:  # DataInfo checks that a given patch size is odd and positive
+        raise ConfigError("data: the model needs pixel patches, but the data gives no DataInfo.patch_size")
+    return info.patch_size
 
 
 def _cls_bias(bias: torch.Tensor, num_prefix: int) -> torch.Tensor:
@@ -109,6 +106,12 @@ class _EncoderConfig(BaseModel):
         "auto", description="band positions: wavelength if known ('auto'), index, wavelength"
     )
 
+    @model_validator(mode="after")
+    def _check_heads(self) -> _EncoderConfig:  # checked when the config loads, before any data is read
+        if self.dim % self.num_heads:
+            raise ValueError(f"model.num_heads: expected a divisor of dim={self.dim}, got {self.num_heads}")
+        return self
+
 
 # ------------------------------------------------------------------ spectralformer
 class SpectralFormerConfig(_EncoderConfig):
@@ -119,6 +122,14 @@ class SpectralFormerConfig(_EncoderConfig):
     pad_mode: Literal["replicate", "zeros"] = Field("replicate", description="padding of the spectral ends")
     fusion: Literal["none", "linear", "gate"] = Field("linear", description="cross-layer fusion (skip over two blocks)")
     pool: Literal["cls", "mean"] = Field("cls", description="classify from the cls token or the token mean")
+
+    @model_validator(mode="after")
+    def _check_spectralformer(self) -> SpectralFormerConfig:
+        if self.stride > self.group_size:
+            raise ValueError(f"model.stride: expected at most group_size={self.group_size}, got {self.stride}")
+        if self.dim % 2:
+            raise ValueError(f"model.dim: expected an even width, got {self.dim}")
+        return self
 
 
 class SpectralFormer(nn.Module):
@@ -169,13 +180,7 @@ class SpectralFormer(nn.Module):
 @MODELS.register("spectralformer", config=SpectralFormerConfig)
 def build_spectralformer(cfg: SpectralFormerConfig, info: DataInfo) -> nn.Module:
     """Band-sequence Transformer (SpectralFormer-style group-wise embedding, any band count)."""
-    if cfg.stride > cfg.group_size:
-        raise ConfigError(f"model.stride: expected at most group_size={cfg.group_size}, got {cfg.stride}")
-    if cfg.dim % cfg.num_heads:
-        raise ConfigError(f"model.num_heads: expected a divisor of dim={cfg.dim}, got {cfg.num_heads}")
-    if cfg.dim % 2:
-        raise ConfigError(f"model.dim: expected an even width, got {cfg.dim}")
-    return SpectralFormer(cfg, info.num_classes, _patch_size(info), info.extras.get("wavelengths"))
+    return SpectralFormer(cfg, info.num_classes, _patch_size(info), info.wavelengths)
 
 
 # ---------------------------------------------------------------- spectral_spatial
@@ -191,6 +196,14 @@ class SpectralSpatialConfig(_EncoderConfig):
     pool: Literal["cls", "centre", "cls_centre"] = Field(
         "cls_centre", description="classify from the cls token, the centre pixel token, or both"
     )
+
+    @model_validator(mode="after")
+    def _check_spectral_spatial(self) -> SpectralSpatialConfig:
+        if self.dim % 4:
+            raise ValueError(f"model.dim: expected a multiple of 4 (2D sinusoidal positions), got {self.dim}")
+        if self.band_window % 2 == 0:
+            raise ValueError(f"model.band_window: expected an odd window, got {self.band_window}")
+        return self
 
 
 class SpectralSpatialTransformer(nn.Module):
@@ -275,13 +288,4 @@ class SpectralSpatialTransformer(nn.Module):
 @MODELS.register("spectral_spatial", config=SpectralSpatialConfig)
 def build_spectral_spatial(cfg: SpectralSpatialConfig, info: DataInfo) -> nn.Module:
     """Spectral-spatial Transformer over the pixels of a patch plus centre band tokens (any band count)."""
-    if cfg.dim % cfg.num_heads:
-        raise ConfigError(f"model.num_heads: expected a divisor of dim={cfg.dim}, got {cfg.num_heads}")
-    if cfg.dim % 4:
-        raise ConfigError(f"model.dim: expected a multiple of 4 (2D sinusoidal positions), got {cfg.dim}")
-    patch_size = _patch_size(info)
-    if patch_size % 2 == 0:
-        raise ConfigError(f"data: spectral_spatial needs an odd patch size (a centre pixel), got {patch_size}")
-    if cfg.band_window % 2 == 0:
-        raise ConfigError(f"model.band_window: expected an odd window, got {cfg.band_window}")
-    return SpectralSpatialTransformer(cfg, info.num_classes, patch_size, info.extras.get("wavelengths"))
+    return SpectralSpatialTransformer(cfg, info.num_classes, _patch_size(info), info.wavelengths)

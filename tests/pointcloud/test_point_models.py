@@ -37,10 +37,10 @@ def make_batch(sizes: list[int], channels: int, seed: int = 0, num_classes: int 
     return batch
 
 
-def build(name: str, in_channels: int, num_classes: int = 5, extras: dict | None = None, **params) -> torch.nn.Module:
+def build(name: str, in_channels: int, num_classes: int = 5, info_fields: dict | None = None, **params) -> torch.nn.Module:
     entry = MODELS.get(name)
     task = "classification" if name.endswith("_cls") else "segmentation"
-    info = DataInfo(num_classes, [f"c{i}" for i in range(num_classes)], in_channels, {"task": task, **(extras or {})})
+    info = DataInfo(num_classes, [f"c{i}" for i in range(num_classes)], in_channels, task=task, **(info_fields or {}))
     cfg = entry.config(**{**SMALL, **params})
     if name.endswith("_cls"):
         cfg = entry.config(**{**SMALL, "head_hidden": [32], **params})
@@ -138,8 +138,8 @@ def test_segmentation_is_permutation_equivariant_in_eval_mode() -> None:
 
 
 def test_segmentation_with_category_one_hot() -> None:
-    extras = {"category_names": ["a", "b", "c"], "category_parts": {"a": [0, 1], "b": [2], "c": [3, 4]}}
-    model = build("point_transformer_seg", 0, extras=extras).eval()
+    categories = {"category_names": ["a", "b", "c"], "category_parts": {"a": [0, 1], "b": [2], "c": [3, 4]}}
+    model = build("point_transformer_seg", 0, info_fields=categories).eval()
     assert model.head.num_conditions == 3
     batch = make_batch([30, 30], 0)
     with torch.no_grad():
@@ -149,7 +149,7 @@ def test_segmentation_with_category_one_hot() -> None:
     assert not torch.allclose(a[30:], b[30:])
     with pytest.raises(DataError, match="category"):
         model(batch)
-    without = build("point_transformer_seg", 0, extras=extras, use_category=False)
+    without = build("point_transformer_seg", 0, info_fields=categories, use_category=False)
     assert without.head.num_conditions == 0
     with pytest.raises(ConfigError, match="use_category"):
         build("point_transformer_seg", 0, use_category=True)

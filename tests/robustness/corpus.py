@@ -44,7 +44,7 @@ class ProbePoints(nn.Module):
 
     def __init__(self, cfg: ProbeConfig, info: DataInfo) -> None:
         super().__init__()
-        self.segmentation = info.extras.get("task") == "segmentation"
+        self.segmentation = info.task == "segmentation"
         self.net = nn.Sequential(nn.Linear(3 + info.in_channels, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, info.num_classes))
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:

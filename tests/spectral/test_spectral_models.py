@@ -31,10 +31,7 @@ def build(
 ) -> torch.nn.Module:
     entry = MODELS.get(name)
     cfg = entry.config(**{**TINY[name], **overrides})
-    extras: dict[str, Any] = {"patch_size": patch_size}
-    if wavelengths is not None:
-        extras["wavelengths"] = wavelengths
-    info = DataInfo(num_classes, [f"c{i}" for i in range(num_classes)], 30, extras)
+    info = DataInfo(num_classes, [f"c{i}" for i in range(num_classes)], 30, patch_size=patch_size, wavelengths=wavelengths)
     torch.manual_seed(0)
     return entry.builder(cfg, info)
 
@@ -146,18 +143,17 @@ def test_config_rejects_unknown_keys(config: type[pydantic.BaseModel]) -> None:
 
 
 def test_builder_errors() -> None:
-    info = DataInfo(3, ["a", "b", "c"], 30, {"patch_size": 5})
+    """Parameter constraints fail when the parameters are validated (config load), data ones at build."""
     with pytest.raises(ConfigError, match="patch_size"):
         MODELS.get("spectralformer").builder(SpectralFormerConfig(), DataInfo(3, ["a", "b", "c"], 30))
-    with pytest.raises(ConfigError, match="num_heads"):
-        MODELS.get("spectralformer").builder(SpectralFormerConfig(dim=30, num_heads=4), info)
-    with pytest.raises(ConfigError, match="stride"):
-        MODELS.get("spectralformer").builder(SpectralFormerConfig(group_size=3, stride=4), info)
-    with pytest.raises(ConfigError, match="odd patch size"):
-        even = DataInfo(3, ["a", "b", "c"], 30, {"patch_size": 6})
-        MODELS.get("spectral_spatial").builder(SpectralSpatialConfig(), even)
-    with pytest.raises(ConfigError, match="band_window"):
-        MODELS.get("spectral_spatial").builder(SpectralSpatialConfig(band_window=2), info)
+    with pytest.raises(pydantic.ValidationError, match="num_heads"):
+        SpectralFormerConfig(dim=30, num_heads=4)
+    with pytest.raises(pydantic.ValidationError, match="stride"):
+        SpectralFormerConfig(group_size=3, stride=4)
+    with pytest.raises(DataError, match="patch_size: expected a positive odd integer"):
+        DataInfo(3, ["a", "b", "c"], 30, patch_size=6)
+    with pytest.raises(pydantic.ValidationError, match="band_window"):
+        SpectralSpatialConfig(band_window=2)
 
 
 @pytest.mark.parametrize("name", SPECTRAL)

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sciformer.contracts import check_patch_size
+
 # ----------------------------------------------------------------------------- config
 
 _FIXED_ONLY = ("train_path", "test_path", "train_key", "test_key")
@@ -112,9 +114,7 @@ class HSISceneConfig(BaseModel):
     @field_validator("patch_size")
     @classmethod
     def _odd(cls, v: int) -> int:
-        if v < 1 or v % 2 == 0:
-            raise ValueError(f"expected a positive odd integer (1, 3, 5, 7, ...), got {v}")
-        return v
+        return check_patch_size(v, key="", error=ValueError)
 
     @field_validator("class_names")
     @classmethod

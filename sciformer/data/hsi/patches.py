@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from sciformer.contracts import check_patch_size
 from sciformer.errors import DataError
 
 PaddingMode = Literal["reflect", "symmetric", "edge", "zero"]
@@ -28,8 +29,7 @@ PADDING_MODES: tuple[str, ...] = ("reflect", "symmetric", "edge", "zero")
 
 def pad_cube(cube: np.ndarray | torch.Tensor, patch_size: int, mode: PaddingMode = "reflect") -> torch.Tensor:
     """Cube (H, W, B) -> padded band-first float32 tensor (B, H + 2r, W + 2r)."""
-    if int(patch_size) < 1 or int(patch_size) % 2 == 0:
-        raise DataError(f"patch_size: expected a positive odd integer, got {patch_size}")
+    patch_size = check_patch_size(patch_size)
     if mode not in PADDING_MODES:
         raise DataError(f"padding: expected one of {', '.join(PADDING_MODES)}, got '{mode}'")
     arr = cube.detach().cpu().numpy() if isinstance(cube, torch.Tensor) else np.asarray(cube)
@@ -48,8 +48,7 @@ def pad_cube(cube: np.ndarray | torch.Tensor, patch_size: int, mode: PaddingMode
 def _check_padded(padded: torch.Tensor, patch_size: int) -> tuple[int, int, int]:
     if not isinstance(padded, torch.Tensor) or padded.ndim != 3:
         raise DataError("padded: expected a (B, H + 2r, W + 2r) tensor from pad_cube")
-    if int(patch_size) < 1 or int(patch_size) % 2 == 0:
-        raise DataError(f"patch_size: expected a positive odd integer, got {patch_size}")
+    patch_size = check_patch_size(patch_size)
     b, hp, wp = padded.shape
     h, w = hp - (patch_size - 1), wp - (patch_size - 1)
     if h < 1 or w < 1:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
+from sciformer.contracts import check_patch_size
 from sciformer.errors import DataError
 
 
@@ -88,15 +89,9 @@ def _per_class(label_map: np.ndarray, num_classes: int) -> list[int]:
     return [int(c) for c in counts[1 : num_classes + 1]]
 
 
-def _check_patch(patch_size: int) -> int:
-    if int(patch_size) < 1 or int(patch_size) % 2 == 0:
-        raise DataError(f"patch_size: expected a positive odd integer, got {patch_size}")
-    return int(patch_size)
-
-
 def window_contains(mask: np.ndarray, patch_size: int) -> np.ndarray:
     """(H, W) bool: True where the ``patch_size`` window centred there contains a True of ``mask``."""
-    p = _check_patch(patch_size)
+    p = check_patch_size(patch_size)
     if p == 1:
         return mask.astype(bool)
     return ndimage.maximum_filter(mask.astype(np.uint8), size=p, mode="constant", cval=0).astype(bool)
@@ -208,7 +203,7 @@ def fixed_split(
     """Split from given train and test label maps (their labels are used, not a gt's)."""
     train = _check_gt(train_map, "split.train_path")
     test = _check_gt(test_map, "split.test_path")
-    _check_patch(patch_size)
+    check_patch_size(patch_size)
     if train.shape != test.shape:
         raise DataError(f"split: train map is {train.shape} but test map is {test.shape}; expected the same size")
     overlap = int(np.count_nonzero((train > 0) & (test > 0)))
@@ -240,7 +235,7 @@ def stratified_split(
 ) -> Split:
     """Random pixels per class (see the module docstring for the small-class rule)."""
     gt = _check_gt(gt)
-    _check_patch(patch_size)
+    check_patch_size(patch_size)
     if isinstance(train_per_class, bool):
         raise DataError("split.train_per_class: expected an int count or a float fraction in (0, 1), got a bool")
     if isinstance(train_per_class, (int, np.integer)):
@@ -345,7 +340,7 @@ def block_split(
 ) -> Split:
     """Spatially disjoint split by square blocks (see the module docstring)."""
     gt = _check_gt(gt)
-    _check_patch(patch_size)
+    check_patch_size(patch_size)
     if int(block_size) < 1:
         raise DataError(f"split.block_size: expected a positive integer, got {block_size}")
     if not 0.0 < train_fraction < 1.0:

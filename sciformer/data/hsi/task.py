@@ -183,10 +183,8 @@ class HSISceneTask(TaskData):
             num_classes=len(class_names),
             class_names=list(class_names),
             in_channels=channels,
-            extras={
-                "patch_size": cfg.patch_size,
-                "wavelengths": [float(w) for w in wavelengths] if use_wl else None,
-            },
+            patch_size=cfg.patch_size,
+            wavelengths=[float(w) for w in wavelengths] if use_wl else None,
         )
         self._datasets: dict[str, PatchDataset] = {}
 

@@ -62,11 +62,7 @@ from sciformer.data.pointcloud.export import (
     write_point_predictions,
 )
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
-from sciformer.data.pointcloud.predict_file import (
-    predict_cloud,
-    read_cloud,
-    require_features,
-)
+from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,
@@ -359,7 +355,8 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         num_classes=len(class_names),
         class_names=class_names,
         in_channels=feature_channels(features),
-        extras={"task": "segmentation", "features": features, "grid_size": cfg.grid_size, "crop_size": cfg.crop_size},
+        task="segmentation",
+        features=list(features),
     )
     protocol = {
         "dataset": "las_tiles",

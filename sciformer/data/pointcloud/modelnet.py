@@ -269,7 +269,8 @@ def build_modelnet(cfg: ModelNetConfig, ctx: BuildContext) -> PointTask:
         num_classes=len(names),
         class_names=list(names),
         in_channels=feature_channels(cfg.features),
-        extras={"task": "classification", "num_points": cfg.num_points, "features": list(cfg.features)},
+        task="classification",
+        features=list(cfg.features),
     )
     protocol = {
         "dataset": "modelnet",

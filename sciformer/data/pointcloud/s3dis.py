@@ -48,17 +48,9 @@ from sciformer.contracts import (
 )
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.dataset import PointDataset, state_value
-from sciformer.data.pointcloud.export import (
-    POINT_OUTPUTS,
-    check_output_suffix,
-    write_point_predictions,
-)
+from sciformer.data.pointcloud.export import POINT_OUTPUTS, check_output_suffix, write_point_predictions
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.predict_file import (
-    predict_cloud,
-    read_cloud,
-    require_features,
-)
+from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,
@@ -371,7 +363,8 @@ def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
         num_classes=len(S3DIS_CLASSES),
         class_names=list(S3DIS_CLASSES),
         in_channels=feature_channels(cfg.features),
-        extras={"task": "segmentation", "features": list(cfg.features), "grid_size": cfg.grid_size},
+        task="segmentation",
+        features=list(cfg.features),
     )
     protocol = {
         "dataset": "s3dis",

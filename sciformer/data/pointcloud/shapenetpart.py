@@ -29,31 +29,11 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.contracts import (
-    BuildContext,
-    DataInfo,
-    PredictFn,
-    PredictOptions,
-    ScoreFn,
-    default_data_root,
-)
-from sciformer.data.pointcloud.dataset import (
-    PointDataset,
-    PointTask,
-    read_list_file,
-    state_value,
-)
-from sciformer.data.pointcloud.export import (
-    PointPrediction,
-    check_output_suffix,
-    write_point_predictions,
-)
+from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions, ScoreFn, default_data_root
+from sciformer.data.pointcloud.dataset import PointDataset, PointTask, read_list_file
+from sciformer.data.pointcloud.export import PointPrediction, check_output_suffix, write_point_predictions
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.predict_file import (
-    read_cloud,
-    require_features,
-    valid_points,
-)
+from sciformer.data.pointcloud.predict_file import read_cloud, require_features, valid_points
 from sciformer.data.pointcloud.sample import (
     assemble_features,
     check_features,
@@ -384,12 +364,10 @@ def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> ShapeNetPa
         num_classes=len(PART_NAMES),
         class_names=list(PART_NAMES),
         in_channels=feature_channels(cfg.features),
-        extras={
-            "task": "segmentation",
-            "num_categories": len(CATEGORY_NAMES),
-            "category_names": list(CATEGORY_NAMES),
-            "category_parts": {k: list(v) for k, v in CATEGORY_PARTS.items()},
-        },
+        task="segmentation",
+        features=list(cfg.features),
+        category_names=list(CATEGORY_NAMES),
+        category_parts={k: list(v) for k, v in CATEGORY_PARTS.items()},
     )
     protocol = {
         "dataset": "shapenetpart",

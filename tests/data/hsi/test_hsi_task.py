@@ -122,8 +122,8 @@ def test_build_from_file_relative_to_config(scene_dir):
     task = build(tmp_path, patch_size=5, class_names=NAMES, split={"kind": "stratified", "train_per_class": 10})
     assert isinstance(task, TaskData)
     assert task.info.num_classes == 4 and task.info.class_names == NAMES and task.info.in_channels == 8
-    assert task.info.extras["patch_size"] == 5
-    np.testing.assert_allclose(task.info.extras["wavelengths"], wl)
+    assert task.info.patch_size == 5
+    np.testing.assert_allclose(task.info.wavelengths, wl)
     counts = task.split.counts()
     total = 0
     for part in ("train", "val", "test"):
@@ -161,7 +161,7 @@ def test_collate_and_dataloader(scene_dir):
     pca = build(tmp_path, patch_size=3, pca_components=3)
     b = pca.collate([pca.dataset("test")[0], pca.dataset("test")[1]])
     assert b["patch"].shape == (2, 3, 3, 3) and "wavelength" not in b
-    assert pca.info.in_channels == 3 and pca.info.extras["wavelengths"] is None
+    assert pca.info.in_channels == 3 and pca.info.wavelengths is None
 
 
 def test_blocks_protocol_and_no_leakage(scene_dir):

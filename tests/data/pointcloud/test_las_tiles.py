@@ -64,7 +64,7 @@ def test_config_validation(update: dict, needle: str) -> None:
 
 def test_features_auto_and_checked(root: Path, ctx: BuildContext) -> None:
     task = build_las_tiles(LasTilesConfig(root=str(root), **SPLITS), ctx)
-    assert task.info.extras["features"] == ["intensity"]  # d.las has no RGB
+    assert task.info.features == ["intensity"]  # d.las has no RGB
     assert task.info.in_channels == 1 and task.info.class_names == ["ground", "vegetation", "building", "other"]
     rgb_only = {**SPLITS, "test_files": ["c.las"], "val_files": ["sub/b.laz"], "train_files": ["a.las"]}
     assert build_las_tiles(LasTilesConfig(root=str(root), **rgb_only), ctx).info.in_channels == 4
@@ -132,7 +132,7 @@ def test_real_tiles(fakes, ctx: BuildContext) -> None:
         crops_per_tile=1,
     )
     task = build_las_tiles(cfg, ctx)
-    assert task.info.extras["features"] == ["intensity"]  # two test tiles have no RGB
+    assert task.info.features == ["intensity"]  # two test tiles have no RGB
     tiles = task.dataset("test").source
     counts = [np.bincount(tiles.load(i)["label"], minlength=4).tolist() for i in range(2)]
     # README table, merged as ground (2) / vegetation (3, 4, 5) / building (6) / other

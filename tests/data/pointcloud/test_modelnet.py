@@ -33,7 +33,7 @@ def test_real_modelnet10_h5(fakes, ctx: BuildContext) -> None:
     fakes.real_path("modelnet10_hdf5_1024")
     task = build_modelnet(ModelNetConfig(), ctx)
     assert task.info.class_names == MODELNET10 and task.info.num_classes == 10
-    assert task.info.in_channels == 3 and task.info.extras["task"] == "classification"
+    assert task.info.in_channels == 3 and task.info.task == "classification"
     train, val, test = (task.dataset(s) for s in ("train", "val", "test"))
     assert len(train) + len(val) == 3991 and len(test) == 908
     assert 350 <= len(val) <= 450
