@@ -1,7 +1,24 @@
-"""``python -m sciformer`` runs the command line."""
+"""``python -m sciformer`` runs the command line.
 
+SIGTERM is turned into KeyboardInterrupt before the (slow) imports, so a signal at any
+moment ends the command with one line and exit code 130.
+"""
+
+import signal
 import sys
 
-from sciformer.cli import main
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGTERM, _interrupt)
+try:
+    from sciformer.cli import main
+except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("sciformer: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -77,9 +77,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from sciformer import config
     from sciformer.engine.checkpoint import load_checkpoint
     from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
-    from sciformer.engine.runfolder import check_resume_config
+    from sciformer.engine.runfolder import RunFolderError, check_resume_config
     from sciformer.engine.signals import terminate_as_interrupt
-    from sciformer.engine.trainer import RunFolderError, Trainer
+    from sciformer.engine.trainer import Trainer
 
     terminate_as_interrupt()  # SIGTERM before the first step or after the last: one line, exit 130
     overrides = list(args.overrides)
@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except SciformerError as exc:
         if os.environ.get("SCIFORMER_DEBUG"):
             raise
+        _quiet_signals()
         _report(args.command, f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, MemoryError) as exc:  # full disk, unwritable folder, an allocation the data asked for
         if os.environ.get("SCIFORMER_DEBUG"):
             raise
+        _quiet_signals()
         what = "out of memory" if isinstance(exc, MemoryError) else f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "")
         _report(args.command, f"error: {what}")
         return 2

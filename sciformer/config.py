@@ -16,10 +16,19 @@ dotted key and the closest valid key or the expected type.
 from __future__ import annotations
 
 import copy
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sciformer.contracts import METRIC_NAMES
 from sciformer.errors import ConfigError
@@ -31,7 +40,7 @@ from sciformer.utils.suggest import did_you_mean
 class Section(BaseModel):
     """A config section: unknown keys forbidden, values checked on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class NamedSection(BaseModel):
@@ -46,43 +55,72 @@ class NamedSection(BaseModel):
 
 class OptimizerConfig(Section):
     name: Literal["adamw", "adam", "sgd"] = "adamw"
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    lr: float = Field(1e-3, gt=0, le=100)
+    weight_decay: float = Field(0.01, ge=0, le=100)
     betas: tuple[float, float] = (0.9, 0.999)
-    momentum: float = Field(0.9, ge=0)  # sgd only
+    momentum: float = Field(0.9, ge=0, lt=1)  # sgd only
     nesterov: bool = False  # sgd only
+
+    @field_validator("betas")
+    @classmethod
+    def _check_betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _check_nesterov(self) -> OptimizerConfig:
+        if self.name == "sgd" and self.nesterov and self.momentum <= 0:
+            raise ValueError("optimizer.nesterov needs optimizer.momentum > 0")
+        return self
+
+
+MAX_EPOCHS = 1_000_000
+MAX_BATCH = 1_048_576
+MAX_STEPS = 10**9
+MAX_NAME = 100
+MAX_MODEL_SIZE = 16_384  # model widths, depths, heads: beyond this a typo, not a model
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d{1,3})?)$")
+_SIZE_KEY = re.compile(r"(^|_)(dim|dims|depth|channels|hidden|width|widths|heads|blocks|planes|tokens|embed)(_|$)")
 
 
 class ScheduleConfig(Section):
     name: Literal["cosine", "step", "constant"] = "cosine"
-    warmup_epochs: float = Field(0.0, ge=0)
+    warmup_epochs: float = Field(0.0, ge=0, le=MAX_EPOCHS)
     min_lr_ratio: float = Field(0.01, ge=0, le=1)  # cosine floor as a fraction of lr
-    step_epochs: int = Field(30, ge=1)  # step only
+    step_epochs: int = Field(30, ge=1, le=MAX_EPOCHS)  # step only
     gamma: float = Field(0.1, gt=0, le=1)  # step only
 
 
 class TrainConfig(Section):
-    epochs: int = Field(100, ge=1)
-    batch_size: int = Field(64, ge=1)
-    seed: int = 0
+    epochs: int = Field(100, ge=1, le=MAX_EPOCHS)
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     deterministic: bool = False
     grad_clip: float | None = Field(None, gt=0)
     amp: Literal["none", "bf16", "fp16"] = "none"  # fp16 only on CUDA
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_workers: int = Field(0, ge=0)
-    threads: int | None = Field(None, ge=1)  # torch intra-op threads; None keeps torch's default
-    val_every: int = Field(1, ge=1)
+    num_workers: int = Field(0, ge=0, le=256)
+    threads: int | None = Field(None, ge=1, le=4096)  # torch intra-op threads; None keeps torch's default
+    val_every: int = Field(1, ge=1, le=MAX_EPOCHS)
     monitor: str = "oa"  # validation metric that chooses best.pt (loss is minimised)
-    early_stop_patience: int | None = Field(None, ge=1)  # validations without improvement
-    max_steps_per_epoch: int | None = Field(None, ge=1)
-    checkpoint_every_steps: int | None = Field(None, ge=1)
+    early_stop_patience: int | None = Field(None, ge=1, le=MAX_EPOCHS)  # validations without improvement
+    max_steps_per_epoch: int | None = Field(None, ge=1, le=MAX_STEPS)
+    checkpoint_every_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     progress: Literal["auto", "always", "never"] = "auto"
     tensorboard: bool = False  # also log each epoch's metrics to <run>/tensorboard
 
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        if not _DEVICE.match(v):
+            raise ValueError(f"unknown device {_short(v)}; expected auto, cpu, cuda, cuda:N or mps")
+        return v
+
 
 class EvaluationConfig(Section):
-    batch_size: int = Field(256, ge=1)  # samples per batch (each brings ``votes`` copies)
+    batch_size: int = Field(256, ge=1, le=MAX_BATCH)  # samples per batch (each brings ``votes`` copies)
     split: Literal["test", "val"] = "test"
     votes: int = Field(1, ge=1, le=100)  # test-time voting in the final evaluation (classification datasets)
 
@@ -106,6 +144,15 @@ class ExperimentConfig(Section):
     train: TrainConfig = TrainConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     export: ExportConfig = ExportConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        bad = not v or len(v) > MAX_NAME or v in (".", "..") or any(c in v for c in "/\\:") or not v.isprintable() or v != v.strip()
+        if bad:
+            raise ValueError(f"expected a file-name component of 1..{MAX_NAME} printable characters without '/', '\\' or ':' "
+                             "(the run folder is runs/<name>-<time>)")
+        return v
 
     @model_validator(mode="after")
     def _check_monitor(self) -> ExperimentConfig:
@@ -164,10 +211,34 @@ def _one_line(exc: ValidationError, model: type[BaseModel], prefix: str = "", so
         return ConfigError(f"{where}missing required key '{key}'")
     msg = err["msg"].removeprefix("Value error, ")
     if loc:
-        return ConfigError(f"{where}{key}: {msg} (got {err.get('input')!r})")
+        return ConfigError(f"{where}{key}: {msg} (got {_short(err.get('input'))})")
     if prefix and not msg.startswith(f"{prefix}."):  # a whole-section check (model validator): name the section
         return ConfigError(f"{where}{prefix}: {msg}")
     return ConfigError(f"{where}{msg}")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 10 MB value never prints 10 MB)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
+
+
+def _check_values(node: Any, key: str, source: str) -> None:
+    """Refuse NaN/inf anywhere, and absurd model sizes (a typo like 1e6 would allocate terabytes)."""
+    where = f"{source}: " if source else ""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_values(v, f"{key}.{k}" if key else str(k), source)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _check_values(v, f"{key}.{i}", source)
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{where}{key}: expected a finite number, got {node}")
+    if key.startswith("model.") and _SIZE_KEY.search(key.split(".")[1]):
+        sizes = node if isinstance(node, (list, tuple)) else [node]
+        for v in sizes:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_MODEL_SIZE:
+                raise ConfigError(f"{where}{key}: {_short(v)} is beyond the largest model size {MAX_MODEL_SIZE}")
 
 
 # ---------------------------------------------------------------------------- overrides
@@ -216,6 +287,7 @@ def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
     """Validate a raw mapping into an :class:`Experiment`."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    _check_values(raw, "", source)
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:

@@ -133,15 +133,18 @@ class DataInfo:
             self.patch_size = check_patch_size(self.patch_size, key="DataInfo.patch_size")
 
 
+MAX_PATCH_SIZE = 99  # a (B, 99, 99) window is already ~8 MB per sample at 200 bands
+
+
 def check_patch_size(patch_size: Any, *, key: str = "patch_size", error: type[Exception] = DataError) -> int:
     """The patch-size rule, written once: a positive odd integer (patches have a centre pixel).
 
     Returns it as an int; otherwise raises ``error`` naming ``key`` (no prefix when empty).
     """
-    ok = isinstance(patch_size, (int, np.integer)) and not isinstance(patch_size, bool) and patch_size >= 1 and patch_size % 2 == 1
+    ok = isinstance(patch_size, (int, np.integer)) and not isinstance(patch_size, bool) and 1 <= patch_size <= MAX_PATCH_SIZE and patch_size % 2 == 1
     if not ok:
         where = f"{key}: " if key else ""
-        raise error(f"{where}expected a positive odd integer (1, 3, 5, 7, ...), got {patch_size!r}")
+        raise error(f"{where}expected a positive odd integer (1, 3, 5, 7, ... up to {MAX_PATCH_SIZE}), got {str(patch_size)[:40]}")
     return int(patch_size)
 
 

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sciformer.errors import CheckpointError
+from sciformer.errors import CheckpointError, DataError
 from sciformer.utils.atomic import atomic_write_with
+from sciformer.utils.limits import check_bytes, regular_file
+
+MAX_CLASSES = 1_000_000
+MAX_CHANNELS = 1_000_000
 
 FORMAT = "sciformer-checkpoint"
 VERSION = 1
@@ -56,6 +61,7 @@ def load_checkpoint(path: str | Path, in_run: str = "last.pt") -> dict[str, Any]
     path = checkpoint_file(path, in_run)
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
+    _check_container(path)
     try:
         with warnings.catch_warnings():  # torch warns (several lines) about files written by other tools
             warnings.simplefilter("ignore")
@@ -76,4 +82,38 @@ def load_checkpoint(path: str | Path, in_run: str = "last.pt") -> dict[str, Any]
             raise CheckpointError(f"checkpoint '{path}' lacks '{key}'")
         if not isinstance(data[key], dict):
             raise CheckpointError(f"checkpoint '{path}': '{key}' is a {type(data[key]).__name__}; expected a mapping")
+    _check_data_info(data["data_info"], path)
     return data
+
+
+def _check_container(path: Path) -> None:
+    """A regular file whose zip members are stored (as torch.save writes them) and fit the memory budget."""
+    try:
+        regular_file(path, "checkpoint")
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    if not zipfile.is_zipfile(path):
+        return  # legacy (non-zip) torch files are size-bounded by the file itself; torch.load judges them
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+    packed = [m.filename for m in members if m.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        raise CheckpointError(f"checkpoint '{path}' has compressed members ({packed[0][:80]}); torch.save writes them stored, so it was altered")
+    try:
+        check_bytes(sum(m.file_size for m in members), f"checkpoint '{path}'", "its tensors")
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _check_data_info(info: dict[str, Any], path: Path) -> None:
+    """Sizes a model is built from: plausible integers, one name per class."""
+    for key, low, top in (("num_classes", 1, MAX_CLASSES), ("in_channels", 0, MAX_CHANNELS)):
+        value = info.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
+            raise CheckpointError(f"checkpoint '{path}': data_info.{key} is {str(value)[:40]!r}; expected an integer in {low}..{top}")
+    names = info.get("class_names")
+    if names is not None and (not isinstance(names, (list, tuple)) or len(names) != info.get("num_classes") or not all(isinstance(n, str) for n in names)):
+        raise CheckpointError(f"checkpoint '{path}': data_info.class_names must be {info.get('num_classes')} names")

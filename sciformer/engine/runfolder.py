@@ -29,8 +29,40 @@ class RunFolderError(SciformerError):
     """The run folder cannot be used as asked."""
 
 
-def lock_run_dir(run_dir: Path) -> IO[str] | None:
-    """Create ``run_dir`` and lock it for this process; returns the handle to keep open."""
+class RunLock:
+    """The lock on a run folder (held until :meth:`release` or the end of the process)."""
+
+    def __init__(self, run_dir: Path, handle: IO[str], created: bool) -> None:
+        self.run_dir, self.handle, self.created = run_dir, handle, created
+
+    def release(self) -> None:
+        """Unlock; a folder this process created and left empty (but for the lock) is removed."""
+        with contextlib.suppress(OSError):
+            if self.created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
+                    and not any((self.run_dir / "checkpoints").glob("*")):
+                (self.run_dir / ".lock").unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    (self.run_dir / "checkpoints").rmdir()
+                self.run_dir.rmdir()
+        self.handle.close()
+
+
+def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
+    """Create ``run_dir`` and lock it for this process (before any work).
+
+    ``fresh``: a new run, refused if the folder already holds one. Temporaries of an
+    interrupted save are removed once the lock is held.
+    """
+    created = not run_dir.exists()
+    handle = _open_lock(run_dir)
+    if fresh and (run_dir / "checkpoints" / "last.pt").exists():
+        handle.close()
+        raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")
+    clean_temporaries(run_dir)
+    return RunLock(run_dir, handle, created)
+
+
+def _open_lock(run_dir: Path) -> IO[str]:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         handle = open(run_dir / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held until exit

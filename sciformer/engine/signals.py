@@ -64,6 +64,6 @@ class StopFlag:
             raise KeyboardInterrupt
         self.signal = signum
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

@@ -37,11 +37,16 @@ from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
-from sciformer.engine.report import write_evaluation
-from sciformer.engine.signals import Interrupted, StopFlag
-from sciformer.engine.runfolder import RunFolderError, check_resume_state, clean_temporaries, lock_run_dir
 from sciformer.engine.noise import PerSampleRNG, StepNoise, install
-from sciformer.engine.runtime import environment, epoch_seed, pick_device, seed_everything
+from sciformer.engine.report import write_evaluation
+from sciformer.engine.runfolder import check_resume_state, lock_run_dir
+from sciformer.engine.runtime import (
+    environment,
+    epoch_seed,
+    pick_device,
+    seed_everything,
+)
+from sciformer.engine.signals import Interrupted, StopFlag
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
@@ -89,6 +94,16 @@ class Trainer:
         self.resume_state = resume_state
         t = self.cfg.train
         self.dist = init_distributed(t.device)
+        self._lock = lock_run_dir(run_dir, fresh=resume_state is None) if self.dist.is_main else None  # before any work
+        try:
+            self._setup(log)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()  # and remove the folder if this process created it and nothing was written
+            raise
+
+    def _setup(self, log: Any) -> None:
+        exp, t, resume_state = self.exp, self.cfg.train, self.resume_state
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
         if t.threads is not None:
             torch.set_num_threads(t.threads)
@@ -213,10 +228,6 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         if not self.dist.is_main:
             return
-        self._lock = lock_run_dir(self.run_dir)  # held until the process ends
-        if self.resume_state is None and (self.run_dir / "checkpoints" / "last.pt").exists():
-            raise RunFolderError(f"--output-dir {self.run_dir} already holds a run; continue it with --resume {self.run_dir} or choose another folder")
-        clean_temporaries(self.run_dir)
         atomic_write_text(self.run_dir / "config.yaml", self.exp.to_yaml())
         env = environment(self.device, self.cfg.train.seed)
         env["world_size"] = self.dist.world_size

@@ -28,8 +28,27 @@ _BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _MAX_EXPANDED_NODES = 100_000  # guards against "billion laughs" alias bombs
 
 
+MAX_CONFIG_BYTES = 2**20  # a config is text written by hand (a few KB); 1 MiB is a mistake
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 float and bool resolution."""
+    """SafeLoader with YAML 1.2 float and bool resolution; a repeated key is an error."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:60]!r} (a repeated key would silently replace the first)",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 # Drop the YAML 1.1 resolvers for bool and float, then add the 1.2 ones.
@@ -48,7 +67,7 @@ def loads(text: str, *, source: str = "<string>") -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = str(getattr(exc, "problem", None) or exc)[:200]
         if isinstance(exc, yaml.constructor.ConstructorError) and "tag" in problem:
             problem += "; only plain YAML data is read (no !!python or other custom tags)"
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
@@ -84,7 +103,11 @@ def load_file(path: Path) -> Any:
         raise ConfigError(f"config file '{path}' does not exist")
     if path.is_dir():
         raise ConfigError(f"config file '{path}' is a directory; expected a YAML file")
+    if not path.is_file():  # a FIFO would hang, /dev/zero would never end
+        raise ConfigError(f"config file '{path}' is not a regular file (a pipe or a device); expected a YAML file")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file '{path}' is {path.stat().st_size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}")
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None

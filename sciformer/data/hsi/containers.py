@@ -3,6 +3,7 @@ with shapes known up front and arrays loaded on demand."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.errors import DataError
+from sciformer.utils.limits import check_bytes, check_shape, regular_file
 
 MAT_SUFFIXES = (".mat",)
 ENVI_SUFFIXES = (".hdr",)
@@ -26,6 +28,8 @@ SUPPORTED = ".mat (v5/v7.3), .hdr (+ data file), .img/.dat/.raw with a .hdr besi
 class ArrayInfo:
     shape: tuple[int, ...]
     kind: str  # numpy dtype kind: 'u', 'i', 'f', 'b', ...
+    itemsize: int = 8  # bytes per value once loaded (8 when unknown: the conservative guess)
+    stored: int | None = None  # bytes the array takes in the file when compressed (None: not compressed)
 
 
 class Container:
@@ -51,6 +55,11 @@ class Container:
     def load(self, key: str) -> np.ndarray:
         if key not in self.arrays:
             raise DataError(f"{self.path}: no array '{key}'; available keys: {self._listing()}")
+        info = self.arrays[key]
+        where = f"{self.path} [{key}]"
+        check_shape(info.shape, info.itemsize, where)  # before a byte is inflated or allocated
+        if info.stored is not None:
+            check_inflation(math.prod(info.shape) * info.itemsize, info.stored, where)
         try:
             return np.asarray(self._loader(key))
         except DataError:
@@ -64,6 +73,18 @@ class Container:
         if not self.arrays:
             return "(none)"
         return ", ".join(f"{k} {fmt_shape(v.shape)}" for k, v in self.arrays.items())
+
+
+# a compressed array may inflate this much beyond its stored size only while it stays small;
+# real scenes compress 2-10x, a constant array 1000x and more (a decompression bomb)
+BOMB_MIN_BYTES = 256 * 2**20
+BOMB_RATIO = 1000
+
+
+def check_inflation(nbytes: int, stored: int, where: str) -> None:
+    """Refuse a compressed array that would inflate over BOMB_RATIO x (above BOMB_MIN_BYTES)."""
+    if nbytes > BOMB_MIN_BYTES and nbytes > BOMB_RATIO * max(int(stored), 1):
+        check_bytes(float("inf"), where, f"array compressed {nbytes // max(int(stored), 1):,}:1 (a decompression bomb?) that")
 
 
 def short_error(exc: BaseException) -> str:
@@ -80,6 +101,8 @@ _MATLAB_NUMERIC = {
     "double", "single", "int8", "uint8", "int16", "uint16", "int32", "uint32",
     "int64", "uint64", "logical",
 }
+_MATLAB_ITEMSIZE = {"double": 8, "single": 4, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+                    "int64": 8, "uint64": 8, "logical": 8}  # scipy loads logical as uint8, stored as double sometimes
 
 
 def _open_mat_v5(path: Path) -> Container:
@@ -94,7 +117,9 @@ def _open_mat_v5(path: Path) -> Container:
         if mclass not in _MATLAB_NUMERIC:
             continue
         kind = "f" if mclass in ("double", "single") else ("b" if mclass == "logical" else "i")
-        arrays[name] = ArrayInfo(tuple(int(s) for s in shape), kind)
+        shape = tuple(int(s) for s in shape)
+        # v5 elements may be zlib-compressed: the whole file bounds what they may inflate from
+        arrays[name] = ArrayInfo(shape, kind, _MATLAB_ITEMSIZE.get(mclass, 8), stored=os.path.getsize(path))
 
     def load(key: str) -> np.ndarray:
         return scipy.io.loadmat(str(path), variable_names=[key])[key]
@@ -119,8 +144,12 @@ def _open_mat_v73(path: Path) -> Container:
                     continue
                 if obj.attrs.get("MATLAB_empty", 0):
                     continue
+                _check_hdf5_storage(path, name, obj)
                 kind = "b" if mclass == "logical" else obj.dtype.kind
-                arrays[name] = ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind)
+                stored = int(obj.id.get_storage_size()) if obj.compression or obj.chunks else None
+                arrays[name] = ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind, int(obj.dtype.itemsize), stored)
+    except DataError:
+        raise
     except Exception as exc:  # noqa: BLE001 - h5py reports damage as OSError, RuntimeError, KeyError, ...
         raise DataError(f"{path}: not a readable MATLAB v7.3 (HDF5) file: {short_error(exc)}") from exc
 
@@ -132,11 +161,36 @@ def _open_mat_v73(path: Path) -> Container:
     return Container(path, arrays, load)
 
 
+def _check_hdf5_storage(path: Path, name: str, obj: Any) -> None:
+    """Data stored in this file only: external raw files and virtual datasets are refused."""
+    if obj.is_virtual:
+        raise DataError(f"{path} [{name}]: a virtual HDF5 dataset (its data lives in other files); unsupported, save the array itself")
+    if obj.external:
+        raise DataError(f"{path} [{name}]: an HDF5 dataset with external storage ({str(obj.external[0][0])[:80]}); unsupported, save the array itself")
+
+
+def _npz_members(path: Path) -> dict[str, ArrayInfo]:
+    """Shapes and dtypes of an .npz's members from their .npy headers (nothing inflated)."""
+    import zipfile
+
+    arrays: dict[str, ArrayInfo] = {}
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.infolist():
+            if not member.filename.endswith(".npy"):
+                continue
+            with archive.open(member) as handle:
+                version = np.lib.format.read_magic(handle)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(handle)
+            stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
+            arrays[member.filename[:-4]] = ArrayInfo(tuple(int(s) for s in shape), dtype.kind, int(dtype.itemsize), stored)
+    return arrays
+
+
 def _open_npy(path: Path) -> Container:
     try:
         if path.suffix.lower() == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: ArrayInfo(tuple(z[k].shape), z[k].dtype.kind) for k in z.files}
+            arrays = _npz_members(path)
 
             def load(key: str) -> np.ndarray:
                 with np.load(path, allow_pickle=False) as z:
@@ -147,7 +201,7 @@ def _open_npy(path: Path) -> Container:
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{path}: not a readable .npy/.npz file: {short_error(exc)}") from exc
     key = path.stem
-    info = ArrayInfo(tuple(int(s) for s in arr.shape), arr.dtype.kind)
+    info = ArrayInfo(tuple(int(s) for s in arr.shape), arr.dtype.kind, int(arr.dtype.itemsize))
     return Container(path, {key: info}, lambda _k: np.array(arr))
 
 
@@ -167,12 +221,13 @@ def _spy_to_container(path: Path, img: Any) -> Container:
         class_names = names[1:] if names and names[0].lower() in ("unclassified", "unlabelled", "unlabeled") else names
     key = path.stem
     arr_shape = shape[:2] if shape[2] == 1 else shape  # one band: a label map
+    itemsize = int(np.dtype(img.dtype).itemsize)
 
     def load(_key: str) -> np.ndarray:
         data = np.array(img.open_memmap(interleave="bip"))  # (H, W, B) native dtype
         return data[:, :, 0] if len(arr_shape) == 2 else data
 
-    return Container(path, {key: ArrayInfo(arr_shape, kind)}, load, wavelengths, class_names)
+    return Container(path, {key: ArrayInfo(arr_shape, kind, itemsize)}, load, wavelengths, class_names)
 
 
 def _open_envi(header: Path, data_file: Path | None) -> Container:
@@ -182,6 +237,9 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
         img = envi.open(str(header), None if data_file is None else str(data_file))
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{header}: not a readable ENVI header/data pair: {short_error(exc)}") from exc
+    interleave = str((getattr(img, "metadata", {}) or {}).get("interleave", "bsq")).strip().lower()
+    if interleave not in ("bsq", "bil", "bip"):
+        raise DataError(f"{header}: ENVI interleave '{interleave[:20]}' is not supported; expected bsq, bil or bip")
     _check_envi_size(header, img)
     return _spy_to_container(data_file or header, img)
 
@@ -222,8 +280,7 @@ def open_container(path: str | os.PathLike[str]) -> Container:
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: file not found")
-    if not p.is_file():
-        raise DataError(f"{p}: not a file (a directory?); expected an image or label file")
+    regular_file(p, "image or label file")  # a FIFO would hang, /dev/zero never ends
     suffix = p.suffix.lower()
     if suffix in MAT_SUFFIXES:
         import h5py

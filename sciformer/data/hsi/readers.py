@@ -32,6 +32,7 @@ from sciformer.data.hsi.containers import (
     open_container,
 )
 from sciformer.errors import DataError
+from sciformer.utils.limits import MAX_CLASS_ID
 
 LabelMode = Literal["required", "optional", "none"]
 
@@ -171,6 +172,8 @@ def validate_labels(gt: np.ndarray, where: str) -> np.ndarray:
     out = np.ascontiguousarray(gt, dtype=np.int64)  # (H, W)
     if out.size and out.min() < 0:
         raise DataError(f"{where}: label map has negative values (min {out.min()}); expected 0 = unlabelled, 1..K")
+    if out.size and out.max() > MAX_CLASS_ID:
+        raise DataError(f"{where}: label map has class id {out.max()}; expected class ids up to {MAX_CLASS_ID}")
     return out
 
 

@@ -1,0 +1,86 @@
+"""One guard for every reader: regular files only, and a memory budget checked before allocating.
+
+- :func:`regular_file` refuses FIFOs, devices (``/dev/zero``), sockets and folders before a
+  byte is read, so a reader can neither hang on a pipe nor read an endless device.
+- :func:`check_bytes` refuses an array (or a decompressed member) whose *declared* size
+  exceeds the budget, before it is inflated or allocated: a 1 KB compressed file cannot ask
+  for gigabytes. The budget is ``SCIFORMER_MAX_ARRAY_BYTES`` (bytes; suffixes K, M, G, T
+  accepted), 4 GiB by default.
+- :func:`check_finite_coords` refuses coordinates that are, or would overflow to, inf/NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from pathlib import Path
+
+from sciformer.errors import DataError
+
+DEFAULT_MAX_ARRAY_BYTES = 4 * 2**30
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# more classes than this is a corrupt label, not a dataset (ImageNet-21k has ~2e4)
+MAX_CLASS_ID = 1_000_000
+
+
+def max_array_bytes() -> int:
+    """The per-array memory budget in bytes (``SCIFORMER_MAX_ARRAY_BYTES``, default 4 GiB)."""
+    raw = os.environ.get("SCIFORMER_MAX_ARRAY_BYTES", "").strip().upper().removesuffix("B").removesuffix("I")
+    if not raw:
+        return DEFAULT_MAX_ARRAY_BYTES
+    unit = raw[-1] if raw[-1] in _UNITS else ""
+    try:
+        value = float(raw[: len(raw) - len(unit)])
+    except ValueError:
+        raise DataError(f"SCIFORMER_MAX_ARRAY_BYTES: expected a size such as 4G or 500000000, got {raw[:40]!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise DataError(f"SCIFORMER_MAX_ARRAY_BYTES: expected a positive size, got {raw[:40]!r}")
+    return int(value * _UNITS[unit])
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def check_bytes(nbytes: float, where: str, what: str = "array") -> None:
+    """Refuse ``nbytes`` (declared, before allocating or inflating) above the budget."""
+    budget = max_array_bytes()
+    if not nbytes >= 0 or nbytes > budget:  # also catches NaN
+        raise DataError(f"{where}: {what} would need {_size(float(nbytes))} of memory, above the "
+                        f"{_size(budget)} limit (raise SCIFORMER_MAX_ARRAY_BYTES if the file is genuine)")
+
+
+def check_shape(shape: tuple[int, ...] | list[int], itemsize: int, where: str, what: str = "array") -> None:
+    """Refuse a declared ``shape`` x ``itemsize`` above the budget (or with negative sizes)."""
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise DataError(f"{where}: {what} declares a negative size {tuple(dims)}")
+    check_bytes(math.prod(dims) * int(itemsize), where, f"{what} of shape {tuple(dims)}")
+
+
+def regular_file(path: str | os.PathLike[str], what: str = "file") -> Path:
+    """``path`` if it is a regular file (symlinks followed); one-line DataError otherwise."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open {what} ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{path}: is a folder; expected a {what}")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise DataError(f"{path}: is {kind}; expected a regular {what}")
+    return path
+
+
+def check_class_ids(low: float, high: float, where: str) -> None:
+    """Refuse label ids outside [-1, MAX_CLASS_ID] (a corrupt label, not a class)."""
+    if not (-1 <= low and high <= MAX_CLASS_ID):
+        raise DataError(f"{where}: label ids {low:g}..{high:g} are not plausible class ids (expected 0..{MAX_CLASS_ID})")

@@ -1,0 +1,295 @@
+"""More malformed inputs, by kind: config ranges, output folders, resumes and tampered
+checkpoints, special files, decompression bombs, malformed point and label files.
+
+Same contract as :mod:`corpus` (each builder writes one bad input and returns the argv
+that must exit 2 with one line); run in one fresh process by ``test_hardening_corpus.py``,
+which also bounds each case's time and the process's peak memory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import struct
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import corpus
+import numpy as np
+import torch
+from corpus import Case, Trained, hsi_experiment, make_scene, train_argv, write_mat_v5
+
+CASES: list[Case] = []
+_HELD: list[object] = []  # open lock handles (kept alive for the case)
+
+
+def case(id: str, *expect: str) -> Callable[[Callable[[Path, Trained], list[str]]], Callable[[Path, Trained], list[str]]]:
+    def register(build: Callable[[Path, Trained], list[str]]) -> Callable[[Path, Trained], list[str]]:
+        CASES.append(Case(id, build, tuple(expect)))
+        return build
+
+    return register
+
+
+def _hsi(d: Path, extra: str = "", **data: object) -> Path:
+    """A valid tiny hsi_scene experiment (scene.mat) plus ``extra`` YAML lines."""
+    cube, gt = make_scene()
+    write_mat_v5(d / "scene.mat", cube=cube, gt=gt)
+    path = hsi_experiment(d, "scene.mat", image_key="cube", **data)
+    if extra:
+        path.write_text(path.read_text() + extra)
+    return path
+
+
+def _override(*overrides: str) -> Callable[[Path, Trained], list[str]]:
+    return lambda d, t: train_argv(d, _hsi(d), *overrides)
+
+
+# --- config value ranges ---------------------------------------------------------------------
+
+for _id, _ovr, _expect in [
+    ("cfg-adam-beta-one", "optimizer.betas=[0.9, 1.0]", ("optimizer.betas", "[0, 1)")),
+    ("cfg-adam-beta-negative", "optimizer.betas=[-0.1, 0.999]", ("optimizer.betas", "[0, 1)")),
+    ("cfg-nesterov-no-momentum", "optimizer={name: sgd, nesterov: true, momentum: 0}", ("nesterov", "momentum > 0")),
+    ("cfg-momentum-above-one", "optimizer.momentum=1.5", ("optimizer.momentum",)),
+    ("cfg-lr-inf", "optimizer.lr=.inf", ("optimizer.lr", "finite")),
+    ("cfg-lr-nan", "optimizer.lr=.nan", ("optimizer.lr", "finite")),
+    ("cfg-seed-negative", "train.seed=-1", ("train.seed",)),
+    ("cfg-seed-huge", "train.seed=1e30", ("train.seed",)),
+    ("cfg-batch-huge", "train.batch_size=1e30", ("train.batch_size",)),
+    ("cfg-eval-batch-huge", "evaluation.batch_size=10000000000", ("evaluation.batch_size",)),
+    ("cfg-epochs-huge", "train.epochs=1000000000000", ("train.epochs",)),
+    ("cfg-device-meta", "train.device=meta", ("train.device", "meta")),
+    ("cfg-device-garbage", "train.device=cuda:x", ("train.device",)),
+    ("cfg-model-width-huge", "model.dim=1000000", ("model.dim", "largest model size")),
+    ("cfg-model-depth-huge", "model.depth=100000", ("model.depth", "largest model size")),
+    ("cfg-patch-size-huge", "data.patch_size=10001", ("data.patch_size", "up to")),
+    ("cfg-workers-huge", "train.num_workers=100000", ("train.num_workers",)),
+    ("cfg-weight-decay-inf", "optimizer.weight_decay=.inf", ("optimizer.weight_decay", "finite")),
+    ("cfg-grad-clip-nan", "train.grad_clip=.nan", ("train.grad_clip", "finite")),
+    ("cfg-name-slash", "name=../../escape", ("name", "file-name component")),
+    ("cfg-name-dotdot", "name=..", ("name", "file-name component")),
+    ("cfg-name-long", "name=" + "n" * 300, ("name", "file-name component")),
+]:
+    case(_id, *_expect)(_override(_ovr))
+
+
+@case("cfg-seed-flag-negative", "train.seed")
+def _(d: Path, t: Trained) -> list[str]:
+    return [*train_argv(d, _hsi(d)), "--seed", "-1"]
+
+
+@case("cfg-name-long-value-not-echoed", "name", "chars)")
+def _(d: Path, t: Trained) -> list[str]:
+    cfg = _hsi(d)
+    cfg.write_text(cfg.read_text().replace("name: bad_hsi", "name: " + "x" * 500_000))
+    return ["train", "--config", str(cfg)]  # default run folder from the name: refused before
+
+
+@case("cfg-ten-megabytes", "exp.yaml", "a config is at most")
+def _(d: Path, t: Trained) -> list[str]:
+    cfg = _hsi(d)
+    cfg.write_text(cfg.read_text().replace("name: bad_hsi", "name: " + "x" * 10_000_000))
+    return ["train", "--config", str(cfg)]
+
+
+@case("cfg-duplicate-section", "exp.yaml", "duplicate key 'train'")
+def _(d: Path, t: Trained) -> list[str]:
+    return train_argv(d, _hsi(d, extra="train: {epochs: 2}\n"))
+
+
+@case("cfg-duplicate-nested-key", "exp.yaml", "duplicate key 'lr'")
+def _(d: Path, t: Trained) -> list[str]:
+    return train_argv(d, _hsi(d, extra="optimizer: {lr: 0.1, lr: 0.2}\n"))
+
+
+@case("cfg-fifo", "exp.yaml", "not a regular file")
+def _(d: Path, t: Trained) -> list[str]:
+    os.mkfifo(d / "exp.yaml")
+    return train_argv(d, d / "exp.yaml")
+
+
+@case("cfg-dev-zero", "/dev/zero", "not a regular file")
+def _(d: Path, t: Trained) -> list[str]:
+    return train_argv(d, Path("/dev/zero"))
+
+
+# --- output folders -----------------------------------------------------------------------------
+
+
+@case("out-dir-is-file", "run", "expected a folder")
+def _(d: Path, t: Trained) -> list[str]:
+    (d / "run").write_text("a file\n")
+    return train_argv(d, _hsi(d))
+
+
+@case("out-dir-below-file", "a path component is a file")
+def _(d: Path, t: Trained) -> list[str]:
+    (d / "blocker").write_text("a file\n")
+    return ["train", "--config", str(_hsi(d)), "--output-dir", str(d / "blocker" / "run")]
+
+
+@case("out-dir-locked", "being written by another sciformer process")
+def _(d: Path, t: Trained) -> list[str]:
+    (d / "run").mkdir()
+    handle = open(d / "run" / ".lock", "a+")  # noqa: SIM115 - held like a running trainer holds it
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    handle.write("4242\n")
+    handle.flush()
+    _HELD.append(handle)
+    return train_argv(d, _hsi(d))
+
+
+# --- resumes and tampered checkpoints -------------------------------------------------------------
+
+
+def _copy_run(d: Path, t: Trained) -> Path:
+    run = d / "resumed"
+    shutil.copytree(t.hsi(), run)
+    return run
+
+
+for _id, _ovr, _expect in [
+    ("resume-changed-width", "model.dim=16", ("--resume cannot change model.dim",)),
+    ("resume-changed-optimizer", "optimizer.name=sgd", ("--resume cannot change optimizer.name",)),
+    ("resume-changed-data", "data.patch_size=5", ("--resume cannot change data.patch_size",)),
+]:
+    def _build(d: Path, t: Trained, ovr: str = _ovr) -> list[str]:
+        return ["train", "--resume", str(_copy_run(d, t)), ovr]
+
+    case(_id, *_expect)(_build)
+
+
+def _tampered_resume(d: Path, t: Trained, edit: Callable[[dict], None]) -> list[str]:
+    run = _copy_run(d, t)
+    corpus.save_tampered(run / "checkpoints" / "last.pt", run / "checkpoints" / "last.pt", edit)
+    return ["train", "--resume", str(run)]
+
+
+for _id, _edit, _expect in [
+    ("ckpt-epoch-float", lambda s: s.update(epoch=1.5), ("'epoch' is 1.5", "non-negative integer")),
+    ("ckpt-epoch-negative", lambda s: s.update(epoch=-3), ("'epoch'",)),
+    ("ckpt-step-huge", lambda s: s.update(step_in_epoch=10**12), ("step_in_epoch",)),
+    ("ckpt-partial-garbage", lambda s: s.update(partial=["x", None]), ("'partial'",)),
+    ("ckpt-best-garbage", lambda s: s.update(best=[1, 2]), ("'best' is malformed",)),
+    ("ckpt-optimizer-garbage", lambda s: s.update(optimizer={"state": 3, "param_groups": "x"}), ("optimizer state does not match",)),
+    ("ckpt-model-other-shapes", lambda s: s["model"].update({k: torch.zeros(3) for k in list(s["model"])[:1]}), ("model state does not match",)),
+    ("ckpt-classes-huge", lambda s: s["data_info"].update(num_classes=10**12), ("data_info.num_classes",)),
+    ("ckpt-channels-negative", lambda s: s["data_info"].update(in_channels=-5), ("data_info.in_channels",)),
+    ("ckpt-class-names-short", lambda s: s["data_info"].update(class_names=["a"]), ("class_names",)),
+]:
+    def _build(d: Path, t: Trained, edit: Callable[[dict], None] = _edit) -> list[str]:
+        return _tampered_resume(d, t, edit)
+
+    case(_id, *_expect)(_build)
+
+
+@case("ckpt-classes-huge-evaluate", "data_info.num_classes")
+def _(d: Path, t: Trained) -> list[str]:
+    ckpt = corpus.save_tampered(t.checkpoint(), d / "x.pt", lambda s: s["data_info"].update(num_classes=2**40))
+    return ["evaluate", "--checkpoint", str(ckpt), "--output-dir", str(d / "eval")]
+
+
+@case("ckpt-deflated-members", "compressed members")
+def _(d: Path, t: Trained) -> list[str]:
+    src, dst = t.checkpoint(), d / "bomb.pt"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+        zout.writestr(info.filename.rsplit("/", 1)[0] + "/data/999", b"\x00" * (64 * 2**20))  # 64 MiB of zeros in a few KB
+    return ["evaluate", "--checkpoint", str(dst), "--output-dir", str(d / "eval")]
+
+
+@case("ckpt-fifo", "is a FIFO")
+def _(d: Path, t: Trained) -> list[str]:
+    os.mkfifo(d / "x.pt")
+    return ["evaluate", "--checkpoint", str(d / "x.pt"), "--output-dir", str(d / "eval")]
+
+
+@case("ckpt-dev-zero", "/dev/zero", "a device")
+def _(d: Path, t: Trained) -> list[str]:
+    return ["evaluate", "--checkpoint", "/dev/zero", "--output-dir", str(d / "eval")]
+
+
+# --- non-finite training ---------------------------------------------------------------------------
+
+
+@case("train-diverges", "became nan", "lower optimizer.lr")
+def _(d: Path, t: Trained) -> list[str]:
+    return train_argv(d, _hsi(d), "optimizer={name: sgd, lr: 100, momentum: 0.9}", "train.max_steps_per_epoch=null", "train.epochs=3")
+
+
+_ = (np, struct)  # used by the reader cases below
+
+
+# --- runner: every case in this one process (python hardening.py OUT_JSON WORK_DIR) ---------------
+
+
+class CaseTimeout(BaseException):
+    """A case ran past its time limit (BaseException: the command line must not catch it)."""
+
+
+FINISHED = ("metrics.json", "last.pt", "best.pt")
+
+
+def finished_outputs(d: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for path in d.rglob("*"):
+        if path.is_file() and (path.name in FINISHED or path.name.startswith("pred.")):
+            st = path.stat()
+            out[str(path)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0) -> dict[str, dict]:
+    import contextlib
+    import io
+    import signal
+    import time
+
+    from sciformer.cli import main
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise CaseTimeout
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    trained = Trained(work / "trained")
+    results: dict[str, dict] = {}
+    for c in CASES:
+        if ids and c.id not in ids:
+            continue
+        d = work / c.id
+        d.mkdir(parents=True)
+        argv = c.build(d, trained)
+        before = finished_outputs(d)
+        err, out = io.StringIO(), io.StringIO()
+        start = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+                code = main(argv)
+        except CaseTimeout:
+            code = "timeout"
+        except BaseException as exc:  # noqa: BLE001 - reported as the failure it is
+            import traceback
+
+            code = f"raised {type(exc).__name__}"
+            err.write(traceback.format_exc())
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        after = finished_outputs(d)
+        results[c.id] = {"code": code, "stderr": err.getvalue(), "seconds": time.perf_counter() - start,
+                         "finished": sorted(k for k in after if after[k] != before.get(k))}
+        while _HELD:
+            _HELD.pop().close()
+    return results
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    out_json, work = Path(sys.argv[1]), Path(sys.argv[2])
+    out_json.write_text(json.dumps(run_all(work, sys.argv[3:] or None)))
