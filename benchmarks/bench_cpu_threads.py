@@ -38,7 +38,7 @@ def child(threads: int, attention: str, steps: int) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     exp = config.load(ROOT / "experiments" / "modelnet10.yaml", [f"model.attention={attention}"])
-    info = DataInfo(10, [f"c{i}" for i in range(10)], 0, {"task": "classification"})
+    info = DataInfo(10, [f"c{i}" for i in range(10)], 0, task="classification")
     model = builders.build_model(exp, info).train()
     optimizer = builders.build_optimizer(exp.cfg.optimizer, model)
     clouds, points = exp.cfg.train.batch_size, 512

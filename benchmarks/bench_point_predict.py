@@ -65,7 +65,7 @@ def child(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     sample = synthetic_scene(args.points)
     entry = MODELS.get("point_transformer_seg")
-    info = DataInfo(4, ["ground", "vegetation", "building", "other"], 1, {"task": "segmentation"})
+    info = DataInfo(4, ["ground", "vegetation", "building", "other"], 1, task="segmentation")
     model = entry.builder(entry.config(), info).eval()
     params = sum(p.numel() for p in model.parameters())
     dataset = SceneEvalDataset(ArrayScene(sample, "synthetic"), grid_size=None, max_points=args.max_points,

@@ -129,6 +129,8 @@ class DataInfo:
     category_parts: dict[str, list[int]] | None = None  # part segmentation: class ids of each category's parts
 
     def __post_init__(self) -> None:
+        if self.task not in (None, "classification", "segmentation"):
+            raise DataError(f"DataInfo.task: expected 'classification', 'segmentation' or None, got {self.task!r}")
         if self.patch_size is not None:
             self.patch_size = check_patch_size(self.patch_size, key="DataInfo.patch_size")
 

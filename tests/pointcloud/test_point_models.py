@@ -226,4 +226,4 @@ def test_config_errors_are_one_line_config_errors() -> None:
         load({"dropuot": 0.1})
     entry = MODELS.get("point_transformer_cls")
     with pytest.raises(ConfigError, match="classification model"):
-        entry.builder(entry.config(), DataInfo(3, ["a", "b", "c"], 0, {"task": "segmentation"}))
+        entry.builder(entry.config(), DataInfo(3, ["a", "b", "c"], 0, task="segmentation"))

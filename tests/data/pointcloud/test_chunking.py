@@ -79,7 +79,7 @@ def test_chunked_pointwise_prediction_is_independent_of_chunking() -> None:
 def test_chunked_model_prediction_equals_single_pass() -> None:
     torch.manual_seed(0)
     entry = MODELS.get("point_transformer_seg")
-    info = DataInfo(3, ["a", "b", "c"], 0, {"task": "segmentation"})
+    info = DataInfo(3, ["a", "b", "c"], 0, task="segmentation")
     model = entry.builder(entry.config(channels=[16, 32], blocks=[1, 1], strides=[1, 4], k=8), info).eval()
 
     def predict(batch: dict) -> torch.Tensor:
