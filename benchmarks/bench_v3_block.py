@@ -17,6 +17,8 @@ Cases (C channels in and out, x requiring gradients, training mode):
          neighbours, the default memory-efficient fused path); kNN index precomputed.
   pyg    torch_geometric.nn.PointTransformerConv (PTv1 pos_nn / attn_nn, G = C), same
          kNN index as edges.
+The time ratio v1 / v3 is also measured with both in one process, alternating steps
+(``--ratio-sizes``), which is robust to the load of a shared machine drifting.
 A case whose peak memory, extrapolated linearly from the previous N, exceeds
 ``--mem-budget`` GB is skipped and listed as such (the machine is shared).
 
@@ -47,8 +49,8 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def child(case: str, n: int, args: argparse.Namespace) -> dict:
-    """One case at one size: median step time, context time and peak RSS above baseline."""
+def build(case: str, n: int, args: argparse.Namespace):
+    """The case's training step closure and its context build time (NaN without context)."""
     import numpy as np
     import torch
     from torch import nn
@@ -61,7 +63,7 @@ def child(case: str, n: int, args: argparse.Namespace) -> dict:
     x = torch.randn(n, c).requires_grad_()
     grad = torch.randn(n, c)
     ctx_time = float("nan")
-    if case == "v3":
+    if case.startswith("v3"):
         from sciformer.attention import (
             ConditionalPositionalEncoding,
             PreNormBlock,
@@ -113,7 +115,24 @@ def child(case: str, n: int, args: argparse.Namespace) -> dict:
         layer.zero_grad(set_to_none=True)
         layer(*call).backward(grad)
 
+    return step, ctx_time
+
+
+def child(case: str, n: int, args: argparse.Namespace) -> dict:
+    """One case at one size: median step time, context time and peak RSS above baseline.
+
+    The baseline is taken after the imports, so the peak counts the points, the kNN
+    index or stage context, the layer and the step's activations.
+    """
+    import torch  # noqa: F401
+
+    import sciformer.attention
+    import sciformer.pointcloud.serialized_layers  # noqa: F401
+
+    if case == "pyg":
+        import torch_geometric.nn  # noqa: F401
     base = _rss_mb()
+    step, ctx_time = build(case, n, args)
     step()  # warm-up
     times = []
     for _ in range(args.rounds):
@@ -123,7 +142,24 @@ def child(case: str, n: int, args: argparse.Namespace) -> dict:
     return {"time": statistics.median(times), "ctx": ctx_time, "peak_mb": _peak_mb() - base}
 
 
+def child_ratio(n: int, args: argparse.Namespace) -> dict:
+    """v3 and v1 in one process, alternating steps: median over rounds of v1 time / v3 time."""
+    steps = {case: build(case, n, args)[0] for case in ("v3", "v1")}
+    for step in steps.values():
+        step()  # warm-up
+    ratios = []
+    for _ in range(args.rounds):
+        t = {}
+        for case, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            t[case] = time.perf_counter() - t0
+        ratios.append(t["v1"] / t["v3"])
+    return {"ratio": statistics.median(ratios), "ratios": ratios}
+
+
 def run_child(case: str, n: int, args: argparse.Namespace) -> dict:
+    """``case`` in a fresh subprocess (``"ratio"``: the interleaved v3 / v1 timing)."""
     cmd = [sys.executable, __file__, "--child", case, "--sizes", str(n), "--c", str(args.c), "--k", str(args.k),
            "--threads", str(args.threads), "--rounds", str(args.rounds), "--heads", str(args.heads),
            "--patch", str(args.patch), "--cpe-k", str(args.cpe_k)]
@@ -143,9 +179,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default=",".join(ALL_CASES))
     ap.add_argument("--mem-budget", type=float, default=8.0, help="GB; skip a case extrapolated above it")
-    ap.add_argument("--child", choices=ALL_CASES, help=argparse.SUPPRESS)
+    ap.add_argument("--ratio-sizes", default="16384,65536", help="sizes of the interleaved v3 / v1 timing")
+    ap.add_argument("--child", choices=[*ALL_CASES, "ratio"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    if args.child == "ratio":
+        print(json.dumps(child_ratio(sizes[0], args)))
+        return
     if args.child:
         print(json.dumps(child(args.child, sizes[0], args)))
         return
@@ -165,10 +205,15 @@ def main() -> None:
             results[case, n] = res
             last = (n, res["peak_mb"])
             print(f"  {case} N={n}: {res}", file=sys.stderr, flush=True)
+    ratios = {}
+    if "v3" in cases and "v1" in cases:
+        for n in [int(v) for v in args.ratio_sizes.split(",") if v]:
+            ratios[n] = run_child("ratio", n, args)
+            print(f"  ratio N={n}: {ratios[n]}", file=sys.stderr, flush=True)
     load1 = os.getloadavg()[0]
     print(f"fwd+bwd (training), C={args.c}; v1/pyg k={args.k}; v3 patch={args.patch}, heads={args.heads}, "
           f"cpe_k={args.cpe_k}; threads={args.threads}; median of {args.rounds} steps; peak = ru_maxrss above "
-          f"baseline, fresh process per case; load average {load0:.1f} -> {load1:.1f}")
+          f"baseline (after imports), fresh process per case; load average {load0:.1f} -> {load1:.1f}")
     print("| N | case | step s | context s | peak MB | v1 time / case time | case peak / v1 peak |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for n in sizes:
@@ -184,6 +229,9 @@ def main() -> None:
             else:
                 sp = mem = "-"
             print(f"| {n} | {case} | {r['time']:.3f} | {ctx} | {r['peak_mb']:.0f} | {sp} | {mem} |")
+    for n, r in ratios.items():
+        print(f"interleaved in one process, N={n}: v1 time / v3 time = {r['ratio']:.2f}x "
+              f"(median of {len(r['ratios'])} rounds: {', '.join(f'{v:.2f}' for v in r['ratios'])})")
 
 
 if __name__ == "__main__":
