@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from sciformer.attention.layers import Mlp
 from sciformer.attention.positional import SinusoidalPositionalEncoding
 from sciformer.errors import ConfigError, DataError
 
@@ -134,8 +135,16 @@ class SpectralPixelEmbedding(nn.Module):
         super().__init__()
         self.dim = dim
         self.encode = SinusoidalPositionalEncoding(pos_dim, base=base)
-        self.weight_mlp = nn.Sequential(nn.Linear(pos_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, dim))
+        self.weight_mlp = Mlp(pos_dim, hidden_dim, dim)  # Linear -> GELU -> Linear
         self.bias = nn.Parameter(torch.zeros(dim))
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        old = {"weight_mlp.0.": "weight_mlp.fc1.", "weight_mlp.2.": "weight_mlp.fc2."}  # layout before 0.2
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            for a, b in old.items():
+                if key.startswith(prefix + a):
+                    state_dict[prefix + b + key[len(prefix + a) :]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4:

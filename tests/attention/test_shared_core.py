@@ -36,10 +36,10 @@ VARIANTS = [(name, {}) for name in SMALL] + [
 def build(name: str, extra: dict) -> nn.Module:
     entry = MODELS.get(name)
     if name.startswith("spectral"):
-        info = DataInfo(4, list("abcd"), 20, {"patch_size": 5})
+        info = DataInfo(4, list("abcd"), 20, patch_size=5)
     else:
         task = "classification" if name.endswith("_cls") else "segmentation"
-        info = DataInfo(4, list("abcd"), 3, {"task": task})
+        info = DataInfo(4, list("abcd"), 3, task=task)
     return entry.builder(entry.config(**{**SMALL[name], **extra}), info)
 
 

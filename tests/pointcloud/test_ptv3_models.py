@@ -35,9 +35,9 @@ def make_batch(sizes: list[int], channels: int = 3, seed: int = 0) -> dict:
 def build(name: str, in_channels: int = 3, categories: list[str] | None = None, **params) -> torch.nn.Module:
     entry = MODELS.get(name)
     task = "classification" if name.endswith("_cls") else "segmentation"
-    extras = {"task": task, **({"category_names": categories} if categories else {})}
     base = {**V3, "head_hidden": [16]} if name.endswith("_cls") else dict(V3)
-    return entry.builder(entry.config(**{**base, **params}), DataInfo(5, [f"c{i}" for i in range(5)], in_channels, extras))
+    info = DataInfo(5, [f"c{i}" for i in range(5)], in_channels, task=task, category_names=categories)
+    return entry.builder(entry.config(**{**base, **params}), info)
 
 
 @pytest.mark.parametrize("name", ["point_transformer_v3_cls", "point_transformer_v3_seg"])
@@ -126,7 +126,7 @@ def test_v3_configs_validate_with_one_line_errors() -> None:
 @pytest.mark.parametrize("attention", ["ptv1", "ptv2"])
 def test_per_stage_k_is_accepted_and_changes_the_result(attention: str) -> None:
     entry = MODELS.get("point_transformer_seg")
-    info = DataInfo(5, [f"c{i}" for i in range(5)], 3, {"task": "segmentation"})
+    info = DataInfo(5, [f"c{i}" for i in range(5)], 3, task="segmentation")
     base = {"channels": [16, 32, 32], "blocks": [1, 1, 1], "strides": [1, 4, 2], "attention": attention}
     batch = make_batch([64, 48], seed=5)
     outputs = {}
