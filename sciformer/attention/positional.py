@@ -39,6 +39,9 @@ class PositionalEncoding(nn.Module):
     from positions), ``"relative"`` (features from position offsets), ``"bias"`` (an
     additive attention bias from positions) or ``"conditional"`` (a residual from the
     features and their neighbourhood).
+
+    Shapes:
+        see each subclass; every output ends with the channel (or head) dimension.
     """
 
     kind: ClassVar[str] = ""
