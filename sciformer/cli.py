@@ -131,11 +131,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
-    from sciformer.engine.inference import load_for_inference
+    from sciformer.engine.inference import check_split_not_empty, load_for_inference
     from sciformer.engine.trainer import evaluate_and_export
 
     exp, state, model, device = load_for_inference(args.checkpoint, overrides)
     task = builders.build_task(exp)
+    check_split_not_empty(task, exp.cfg.evaluation.split)
     if task.info.num_classes != int(state["data_info"]["num_classes"]):
         raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
     ckpt_file = checkpoint_file(args.checkpoint, in_run="best.pt")

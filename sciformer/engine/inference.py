@@ -192,3 +192,10 @@ def prediction_suffixes(predictor: Any) -> tuple[str, ...]:
             if suffix not in out:
                 out.append(suffix)
     return tuple(out)
+
+
+def check_split_not_empty(task: Any, split: str) -> None:
+    """A one-line error when the split to evaluate holds nothing (e.g. ``data.test_area: null``)."""
+    if len(task.dataset(split)) == 0:
+        raise SciformerError(f"evaluation.split={split}: the {split} split is empty (e.g. data.test_area: null or "
+                             f"data.test_files: []); evaluate another split, e.g. evaluation.split=val (--split val)")

@@ -34,7 +34,7 @@ from sciformer.engine import builders
 from sciformer.engine.batching import EpochBatchSampler
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
-from sciformer.engine.inference import predict_fn
+from sciformer.engine.inference import check_split_not_empty, predict_fn
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
 from sciformer.engine.noise import PerSampleRNG, StepNoise, install
@@ -122,6 +122,7 @@ class Trainer:
         self.info = self.task.info
         if self.cfg.evaluation.votes > 1:  # fail now, not after training
             self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
+        check_split_not_empty(self.task, self.cfg.evaluation.split)  # likewise
         self.model = builders.build_model(exp, self.info).to(self.device)
         self.noise = StepNoise(t.seed, self.dist.rank)
         install(self.model, self.noise)  # dropout masks follow the sample, not the process

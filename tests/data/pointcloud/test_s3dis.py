@@ -186,3 +186,24 @@ def test_full_rooms_and_checkpoint_state(root: Path, ctx: BuildContext, tmp_path
     torch.save(task.state(), tmp_path / "state.pt")
     loaded = torch.load(tmp_path / "state.pt", weights_only=True)
     assert loaded["class_names"] == S3DIS_CLASSES and loaded["grid_size"] == 0.04
+
+
+def test_one_area_trains_from_the_command_line(root: Path, tmp_path: Path, capsys) -> None:
+    """Only Area_1 present: test_area=null trains and validates; an empty test split stops before training."""
+    import shutil
+
+    from sciformer.cli import main
+
+    for area in ("Area_2", "Area_5"):
+        shutil.rmtree(root / area)
+    experiment = Path(__file__).resolve().parents[3] / "experiments" / "s3dis_area5.yaml"
+    args = ["train", "-c", str(experiment), f"data.root={root}", "data.crop_points=100", "data.loop=2", "train.threads=1", "data.test_area=null",
+            "data.val_fraction=0.5", "train.epochs=1", "train.batch_size=2", "train.device=cpu", "train.progress=never",
+            "model.channels=[8,16,32,64,128]", "optimizer.lr=0.01"]
+    assert main([*args[:3], "-o", str(tmp_path / "a"), *args[3:]]) == 2
+    err = capsys.readouterr().err
+    assert "the test split is empty" in err and err.count("\n") == 1 and not (tmp_path / "a").exists()
+    assert main([*args[:3], "-o", str(tmp_path / "b"), *args[3:], "evaluation.split=val"]) == 0
+    capsys.readouterr()
+    assert main([*args[:3], "-o", str(tmp_path / "c"), *args[3:], "data.test_area=5"]) == 2
+    assert "data.test_area: Area_5 has no rooms" in capsys.readouterr().err
