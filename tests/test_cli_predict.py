@@ -108,7 +108,7 @@ def test_output_checked_before_the_model_loads(run: Path, scans: Path, tmp_path:
 
     monkeypatch.setattr(inference, "load_for_inference", boom)
     scan = str(scans / "demo_000700_points.npy")
-    for output, message in ((tmp_path / "x.csv", "unsupported suffix '.csv'"),
+    for output, message in ((tmp_path / "x.csv", "unsupported output suffix '.csv'"),
                             (tmp_path / "missing" / "x.ply", "does not exist"),
                             (tmp_path / "x.laz", "LAS/LAZ output copies a LAS/LAZ input")):
         assert predict(run, "-i", scan, "-o", str(output)) == 2

@@ -137,7 +137,10 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
     output that is one of the inputs (always).
     """
-    folder = many or len(inputs) > 1 or output.is_dir() or str(output).endswith(os.sep)
+    folder = many or len(inputs) > 1 or str(output).endswith(os.sep)
+    if not folder and output.is_dir():
+        raise SciformerError(f"--output '{output}' is a directory; expected a file path (its suffix picks the format), "
+                             "or end it with '/' to write into the folder")
     if fmt is not None:
         fmt = fmt if fmt.startswith(".") else f".{fmt}"
         if fmt.lower() not in suffixes:
@@ -159,7 +162,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
         if fmt is not None and output.suffix.lower() != fmt.lower():
             raise SciformerError(f"--format '{fmt}' disagrees with --output '{output}'")
         if output.suffix.lower() not in suffixes:
-            raise SciformerError(f"--output '{output}': unsupported suffix '{output.suffix}'; use one of {', '.join(suffixes)}")
+            raise SciformerError(f"--output '{output}': unsupported output suffix '{output.suffix}'; use one of {', '.join(suffixes)}")
         if not output.parent.is_dir():
             raise SciformerError(f"--output '{output}': folder '{output.parent}' does not exist")
         pairs.append((inputs[0], output))

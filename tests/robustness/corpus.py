@@ -884,9 +884,60 @@ def _(d: Path, t: Trained) -> list[str]:
     return train_argv(d, point_experiment(d, "s3dis", root=d / "s3dis"))
 
 
-@case("s3dis-no-test-area", "no rooms in test area 3")
+@case("s3dis-no-test-area", "data.test_area: Area_3 has no rooms", "areas found: 1, 5")
 def _(d: Path, t: Trained) -> list[str]:
     return _s3dis(d, None) + ["data.test_area=3"]
+
+
+# --- point_scenes (your own labelled clouds) ---------------------------------------------------
+
+
+def _scenes(d: Path, suffix: str = "_points.npy", **data: Any) -> list[str]:
+    """A point_scenes experiment over files a, b, c (train, val, test) named ``<x><suffix>`` in ``d/scans``."""
+    root = d / "scans"
+    root.mkdir(exist_ok=True)
+    base = {"root": root, "train_files": [f"a{suffix}"], "val_files": [f"b{suffix}"], "test_files": [f"c{suffix}"],
+            "classes": ["ground", "car"], "loop": 2}
+    return train_argv(d, point_experiment(d, "point_scenes", **{**base, **data}))
+
+
+@case("point-scenes-glob-matches-nothing", "data.train_files", "'scan_*.ply' matches no file")
+def _(d: Path, t: Trained) -> list[str]:
+    return _scenes(d, train_files=["scan_*.ply"])
+
+
+@case("point-scenes-label-file-missing", "_labels.npy: label file of", "_points.npy not found")
+def _(d: Path, t: Trained) -> list[str]:
+    argv = _scenes(d, label_files=["_points.npy", "_labels.npy"])
+    for name in "abc":
+        np.save(d / "scans" / f"{name}_points.npy", cloud())
+    return argv
+
+
+@case("point-scenes-no-label-field", ".ply: no label field", "data.label_files")
+def _(d: Path, t: Trained) -> list[str]:
+    argv = _scenes(d, ".ply")
+    for name in "abc":
+        (d / "scans" / f"{name}.ply").write_text(ply_text(cloud()))
+    return argv
+
+
+def _bin_scans(d: Path, values: int, **data: Any) -> list[str]:
+    argv = _scenes(d, ".bin", label_files=[".bin", ".label"], **data)
+    for name in "abc":
+        (d / "scans" / f"{name}.bin").write_bytes(np.zeros(values, "<f4").tobytes())
+        np.zeros(10, "<u4").tofile(d / "scans" / f"{name}.label")
+    return argv
+
+
+@case("point-scenes-bin-without-columns", ".bin: a raw .bin scan has no header", "--columns x,y,z,intensity")
+def _(d: Path, t: Trained) -> list[str]:
+    return _bin_scans(d, 40)
+
+
+@case("point-scenes-bin-ragged", ".bin: 164 bytes", "not a whole number of 4-column float32 records")
+def _(d: Path, t: Trained) -> list[str]:
+    return _bin_scans(d, 41, columns=["x", "y", "z", "intensity"])
 
 
 # --- ShapeNetPart ---------------------------------------------------------------------------
@@ -1043,7 +1094,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return ["predict", "--checkpoint", str(t.points()), "--input", str(d / "tile.las"), "--output", str(d / "pred.json")]
 
 
-@case("predict-input-is-directory", "--input", "shape.ply", "is a directory; expected a file")
+@case("predict-input-is-directory", "--input", "shape.ply", "the folder holds no input file")
 def _(d: Path, t: Trained) -> list[str]:
     (d / "shape.ply").mkdir()
     return ["predict", "--checkpoint", str(t.points()), "--input", str(d / "shape.ply"), "--output", str(d / "pred.json")]

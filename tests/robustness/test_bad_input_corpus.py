@@ -107,7 +107,8 @@ REQUIRED_PREFIXES = [
     "las-", "laz-", "s3dis-", "shapenetpart-", "predict-ply", "predict-pcd", "predict-xyz", "predict-off", "predict-npy",
     "predict-las", "predict-cube", "ckpt-pickled-code", "ckpt-truncated", "ckpt-foreign",
 ]
-DATASET_SECTIONS = {"hsi_scene": "hsi-", "modelnet": "modelnet-", "las_tiles": "las-", "s3dis": "s3dis-", "shapenetpart": "shapenetpart-"}
+DATASET_SECTIONS = {"hsi_scene": "hsi-", "modelnet": "modelnet-", "las_tiles": "las-", "s3dis": "s3dis-", "shapenetpart": "shapenetpart-",
+                    "point_scenes": "point-scenes-"}
 
 
 def test_corpus_covers_every_reader() -> None:
