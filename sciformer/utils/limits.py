@@ -73,11 +73,64 @@ def regular_file(path: str | os.PathLike[str], what: str = "file") -> Path:
     except OSError as exc:
         raise DataError(f"{path}: cannot open {what} ({exc.strerror or exc})") from None
     if stat.S_ISDIR(mode):
-        raise DataError(f"{path}: is a folder; expected a {what}")
+        raise DataError(f"{path}: not a file (a folder); expected a regular {what}")
     if not stat.S_ISREG(mode):
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
         raise DataError(f"{path}: is {kind}; expected a regular {what}")
     return path
+
+
+# a compressed array may inflate this much beyond its stored size only while it stays small;
+# real data compress 2-10x, a constant array 1000x and more (a decompression bomb)
+BOMB_MIN_BYTES = 256 * 2**20
+BOMB_RATIO = 1000
+
+
+def check_inflation(nbytes: int, stored: int, where: str) -> None:
+    """Refuse a compressed array that would inflate over BOMB_RATIO x its stored size (above BOMB_MIN_BYTES)."""
+    check_bytes(nbytes, where)
+    if nbytes > BOMB_MIN_BYTES and nbytes > BOMB_RATIO * max(int(stored), 1):
+        raise DataError(f"{where}: array of {_size(nbytes)} is stored in {_size(int(stored))} (compressed "
+                        f"{nbytes // max(int(stored), 1):,}:1, a decompression bomb?); refusing to inflate it")
+
+
+def check_hdf5_dataset(ds: object, where: str) -> None:
+    """An h5py Dataset: its data in this file (no external storage, no virtual sources), and its
+    declared size within the budget and a plausible compression ratio, checked before reading."""
+    if getattr(ds, "is_virtual", False):
+        raise DataError(f"{where}: a virtual HDF5 dataset (its data lives in other files); unsupported, save the array itself")
+    external = getattr(ds, "external", None)
+    if external:
+        raise DataError(f"{where}: an HDF5 dataset with external storage ({str(external[0][0])[:80]}); unsupported, save the array itself")
+    shape, dtype = tuple(getattr(ds, "shape", ()) or ()), getattr(ds, "dtype", None)
+    itemsize = int(getattr(dtype, "itemsize", 8) or 8)
+    check_shape(shape, itemsize, where)
+    if getattr(ds, "compression", None) or getattr(ds, "chunks", None):
+        check_inflation(math.prod(int(d) for d in shape) * itemsize, int(ds.id.get_storage_size()), where)  # type: ignore[attr-defined]
+
+
+def npz_members(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], object, int | None]]:
+    """Shape, dtype and compressed size (None if stored) of each .npy member of an .npz, from the
+    member headers only; each checked against the budget before anything is inflated."""
+    import zipfile
+
+    import numpy as np
+
+    out: dict[str, tuple[tuple[int, ...], object, int | None]] = {}
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.infolist():
+            if not member.filename.endswith(".npy"):
+                continue
+            with archive.open(member) as handle:
+                version = np.lib.format.read_magic(handle)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(handle)
+            stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
+            where = f"{path} [{member.filename[:-4]}]"
+            nbytes = math.prod(int(s) for s in shape) * int(dtype.itemsize)
+            check_inflation(nbytes, stored, where) if stored is not None else check_bytes(nbytes, where)
+            out[member.filename[:-4]] = (tuple(int(s) for s in shape), dtype, stored)
+    return out
 
 
 def check_class_ids(low: float, high: float, where: str) -> None:

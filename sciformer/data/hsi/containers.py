@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 
 from sciformer.errors import DataError
-from sciformer.utils.limits import check_bytes, check_shape, regular_file
+from sciformer.utils.limits import (
+    check_hdf5_dataset,
+    check_inflation,
+    check_shape,
+    npz_members,
+    regular_file,
+)
 
 MAT_SUFFIXES = (".mat",)
 ENVI_SUFFIXES = (".hdr",)
@@ -75,18 +81,6 @@ class Container:
         return ", ".join(f"{k} {fmt_shape(v.shape)}" for k, v in self.arrays.items())
 
 
-# a compressed array may inflate this much beyond its stored size only while it stays small;
-# real scenes compress 2-10x, a constant array 1000x and more (a decompression bomb)
-BOMB_MIN_BYTES = 256 * 2**20
-BOMB_RATIO = 1000
-
-
-def check_inflation(nbytes: int, stored: int, where: str) -> None:
-    """Refuse a compressed array that would inflate over BOMB_RATIO x (above BOMB_MIN_BYTES)."""
-    if nbytes > BOMB_MIN_BYTES and nbytes > BOMB_RATIO * max(int(stored), 1):
-        check_bytes(float("inf"), where, f"array compressed {nbytes // max(int(stored), 1):,}:1 (a decompression bomb?) that")
-
-
 def short_error(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:200]
@@ -144,7 +138,7 @@ def _open_mat_v73(path: Path) -> Container:
                     continue
                 if obj.attrs.get("MATLAB_empty", 0):
                     continue
-                _check_hdf5_storage(path, name, obj)
+                check_hdf5_dataset(obj, f"{path} [{name}]")
                 kind = "b" if mclass == "logical" else obj.dtype.kind
                 stored = int(obj.id.get_storage_size()) if obj.compression or obj.chunks else None
                 arrays[name] = ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind, int(obj.dtype.itemsize), stored)
@@ -161,36 +155,10 @@ def _open_mat_v73(path: Path) -> Container:
     return Container(path, arrays, load)
 
 
-def _check_hdf5_storage(path: Path, name: str, obj: Any) -> None:
-    """Data stored in this file only: external raw files and virtual datasets are refused."""
-    if obj.is_virtual:
-        raise DataError(f"{path} [{name}]: a virtual HDF5 dataset (its data lives in other files); unsupported, save the array itself")
-    if obj.external:
-        raise DataError(f"{path} [{name}]: an HDF5 dataset with external storage ({str(obj.external[0][0])[:80]}); unsupported, save the array itself")
-
-
-def _npz_members(path: Path) -> dict[str, ArrayInfo]:
-    """Shapes and dtypes of an .npz's members from their .npy headers (nothing inflated)."""
-    import zipfile
-
-    arrays: dict[str, ArrayInfo] = {}
-    with zipfile.ZipFile(path) as archive:
-        for member in archive.infolist():
-            if not member.filename.endswith(".npy"):
-                continue
-            with archive.open(member) as handle:
-                version = np.lib.format.read_magic(handle)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read_header(handle)
-            stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
-            arrays[member.filename[:-4]] = ArrayInfo(tuple(int(s) for s in shape), dtype.kind, int(dtype.itemsize), stored)
-    return arrays
-
-
 def _open_npy(path: Path) -> Container:
     try:
         if path.suffix.lower() == ".npz":
-            arrays = _npz_members(path)
+            arrays = {k: ArrayInfo(shape, dtype.kind, int(dtype.itemsize), stored) for k, (shape, dtype, stored) in npz_members(path).items()}
 
             def load(key: str) -> np.ndarray:
                 with np.load(path, allow_pickle=False) as z:
@@ -198,6 +166,8 @@ def _open_npy(path: Path) -> Container:
 
             return Container(path, arrays, load)
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except DataError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{path}: not a readable .npy/.npz file: {short_error(exc)}") from exc
     key = path.stem
@@ -280,6 +250,8 @@ def open_container(path: str | os.PathLike[str]) -> Container:
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: file not found")
+    if p.is_dir():
+        raise DataError(f"{p}: not a file (a directory?); expected an image or label file")
     regular_file(p, "image or label file")  # a FIFO would hang, /dev/zero never ends
     suffix = p.suffix.lower()
     if suffix in MAT_SUFFIXES:

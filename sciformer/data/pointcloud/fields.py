@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from sciformer.errors import DataError
+from sciformer.utils.limits import MAX_CLASS_ID
 
 PointData = dict[str, np.ndarray]
 _LABEL_NAMES = ("label", "labels", "class", "classification", "scalar_label", "scalar_classification",
@@ -63,13 +64,28 @@ def from_named_columns(path: Path | str, columns: dict[str, np.ndarray]) -> Poin
     for name in _LABEL_NAMES:
         if name in cols:
             values = np.asarray(cols.pop(name))
-            if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
-                raise fail(path, f"field '{name}' holds non-finite labels")
-            out["label"] = values.astype(np.int64)  # (n,)
+            out["label"] = check_labels(path, values, f"field '{name}'")  # (n,)
             break
     for name, values in cols.items():
         out[name] = np.asarray(values)
     return out
+
+
+def check_labels(path: Path | str, values: np.ndarray, what: str = "labels") -> np.ndarray:
+    """Labels as int64: finite, integer-valued and plausible class ids (-1 .. MAX_CLASS_ID)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        if not np.all(np.isfinite(values)):
+            raise fail(path, f"{what} holds non-finite labels")
+        if not np.array_equal(values, np.round(values)):
+            raise fail(path, f"{what} holds non-integer labels (e.g. {values[values != np.round(values)][0]:g}); expected integer class ids")
+    elif values.dtype.kind not in "iub":
+        raise fail(path, f"{what} has dtype {values.dtype}; expected integer class ids")
+    if values.size:
+        low, high = float(values.min()), float(values.max())
+        if low < -1 or high > MAX_CLASS_ID:
+            raise fail(path, f"{what}: label ids {low:g}..{high:g} are not plausible class ids (expected 0..{MAX_CLASS_ID})")
+    return values.astype(np.int64)
 
 
 def check_points(path: Path | str, data: PointData) -> PointData:
@@ -93,5 +109,8 @@ def triangulate(path: Path | str, faces: Sequence[Sequence[int]] | np.ndarray) -
         if len(poly) < 3:
             raise fail(path, f"face with {len(poly)} vertices, expected at least 3")
         tris.extend((poly[0], poly[i], poly[i + 1]) for i in range(1, len(poly) - 1))
-    return np.asarray(tris, dtype=np.int64).reshape(-1, 3)  # (m, 3)
+    try:
+        return np.asarray(tris, dtype=np.int64).reshape(-1, 3)  # (m, 3)
+    except OverflowError:
+        raise fail(path, "face vertex index beyond int64; the file is damaged") from None
 

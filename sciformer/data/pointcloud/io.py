@@ -31,6 +31,7 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import (
     PointData,
+    check_labels,
     check_points,
     fail,
     from_named_columns,
@@ -41,6 +42,7 @@ from sciformer.data.pointcloud.mesh import read_off, sample_mesh_surface
 from sciformer.data.pointcloud.pcd import lzf_decompress, read_pcd
 from sciformer.data.pointcloud.ply import read_ply, write_ply
 from sciformer.errors import DataError
+from sciformer.utils.limits import check_bytes, npz_members, regular_file
 
 POINT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz", ".bin")
 BIN_DTYPES = ("float32", "float64", "int16", "int32", "uint8", "uint16", "uint32")
@@ -103,6 +105,7 @@ def parse_text_table(
     sep = r"\s+" if delimiter is None else r"\s*" + re.escape(delimiter) + r"\s*"
     row_pattern = re.compile(r"\s*" + number + (sep + number) * (ncols - 1) + r"\s*")
     good: list[str] = []
+    good_lines: list[int] = []
     skipped: list[int] = []
     for lineno in range(first, len(lines)):
         line = lines[lineno]
@@ -111,6 +114,7 @@ def parse_text_table(
             continue
         if row_pattern.fullmatch(line):
             good.append(line)
+            good_lines.append(lineno + 1)
             continue
         if malformed == "error":
             shown = stripped if len(stripped) <= 60 else stripped[:57] + "..."
@@ -119,6 +123,15 @@ def parse_text_table(
     if not good:
         raise fail(path, "empty point cloud (no valid data lines)")
     rows = np.loadtxt(good, dtype=np.float64, delimiter=delimiter, ndmin=2)  # (n, ncols)
+    finite = np.all(np.isfinite(rows), axis=1)  # (n,) e.g. 1e309 overflows to inf
+    if not finite.all():
+        bad_rows = np.flatnonzero(~finite)
+        if malformed == "error":
+            raise fail(path, f"{len(bad_rows)} line(s) hold numbers beyond float64 (first: {good[bad_rows[0]].strip()[:60]!r})")
+        rows = rows[finite]
+        skipped = sorted(skipped + [good_lines[i] for i in bad_rows])
+        if not len(rows):
+            raise fail(path, "empty point cloud (no valid data lines)")
     return rows, skipped
 
 
@@ -179,11 +192,15 @@ def _read_table(path: Path, columns: Sequence[str] | None) -> PointData:
 
 def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
     try:
+        if path.suffix.lower() == ".npz":
+            npz_members(path)  # member headers against the memory budget, before inflating any
         # mmap: a header promising more data than the file holds fails here instead of allocating it
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
         if isinstance(loaded, np.lib.npyio.NpzFile):
             with loaded:
                 arrays = {k: loaded[k] for k in loaded.files}
+    except DataError:
+        raise
     except Exception as exc:  # noqa: BLE001 - numpy reports damage as ValueError, SyntaxError, EOFError, MemoryError, ...
         raise fail(path, f"cannot read numpy file ({type(exc).__name__}: {_short(exc)})") from exc
     if isinstance(loaded, np.lib.npyio.NpzFile):
@@ -204,9 +221,11 @@ def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
         out["coord"] = np.asarray(out["coord"], dtype=np.float64)
         if "colour" in out:
             out["colour"] = scale_colour(out["colour"])
-        for key, dt in (("normal", np.float32), ("intensity", np.float32), ("label", np.int64)):
+        for key, dt in (("normal", np.float32), ("intensity", np.float32)):
             if key in out:
                 out[key] = np.asarray(out[key]).astype(dt)
+        if "label" in out:
+            out["label"] = check_labels(path, out["label"], "array 'label'")
         n = out["coord"].shape[0] if out["coord"].ndim == 2 else -1
         for key, value in arrays.items():
             if value.ndim >= 1 and value.shape[0] == n:
@@ -259,6 +278,7 @@ def _read_bin(path: Path, columns: Sequence[str] | None, dtype: str) -> PointDat
                          "(or data.columns: [x, y, z, intensity]; add ':float64' for double records)")
     width = len(columns) * np.dtype(dtype).itemsize
     size = path.stat().st_size
+    check_bytes(size, str(path), "scan")
     if size == 0 or size % width:
         raise fail(path, f"{size} bytes is not a whole number of {len(columns)}-column {dtype} records ({width} bytes each)")
     table = np.fromfile(path, dtype=np.dtype(dtype).newbyteorder("<")).reshape(-1, len(columns))  # (n, c)
@@ -282,10 +302,9 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
     """
     path = Path(path)
     columns, bin_dtype = parse_columns(columns, "columns")
-    if path.exists() and not path.is_file():
-        raise DataError(f"{path}: not a file (a directory?); expected a point-cloud file")
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: no such file")
+    regular_file(path, "point-cloud file")  # a folder, a FIFO (would hang) or a device (would never end)
     suffix = path.suffix.lower()
     if suffix == ".ply":
         data = read_ply(path)

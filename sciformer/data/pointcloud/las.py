@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData, fail, scale_colour
+from sciformer.utils.limits import regular_file
 
 # LAZ compresses points 5-15x in practice; a header promising more than this many times
 # the file's size in point records is damaged (the decoder would allocate it up front).
@@ -29,6 +31,10 @@ def check_point_count(path: Path, header: object) -> None:
     must fit in the file. LAZ may compress, but not beyond :data:`MAX_LAZ_RATIO`.
     """
     size = Path(path).stat().st_size
+    scales = [float(v) for v in header.scales]  # type: ignore[attr-defined]
+    offsets = [float(v) for v in header.offsets]  # type: ignore[attr-defined]
+    if not all(math.isfinite(v) and v != 0 for v in scales) or not all(math.isfinite(v) for v in offsets):
+        raise fail(path, f"LAS header scale {scales} / offset {offsets}: scales must be finite and non-zero, offsets finite")
     count = int(header.point_count)  # type: ignore[attr-defined]
     record = int(header.point_format.size)  # type: ignore[attr-defined]
     payload = max(0, size - int(header.offset_to_point_data))  # type: ignore[attr-defined]
@@ -100,6 +106,7 @@ def read_las_header(path: str | os.PathLike[str]) -> Any:
         import laspy
     except ImportError as exc:  # pragma: no cover - laspy is a declared extra
         raise fail(path, 'reading LAS/LAZ needs laspy: pip install "laspy[lazrs]"') from exc
+    regular_file(path, "LAS/LAZ file")
     with laspy_errors(path, "LAS/LAZ header"), laspy.open(path) as reader:
         return reader.header
 

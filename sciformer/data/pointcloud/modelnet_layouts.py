@@ -16,6 +16,7 @@ from sciformer.data.pointcloud.cache import (
     save_arrays_atomic,
 )
 from sciformer.data.pointcloud.dataset import read_list_file
+from sciformer.data.pointcloud.fields import check_labels
 from sciformer.data.pointcloud.io import (
     read_off,
     sample_mesh_surface,
@@ -24,6 +25,7 @@ from sciformer.data.transforms import (
     check_transform_specs,
 )
 from sciformer.errors import DataError
+from sciformer.utils.limits import check_hdf5_dataset
 from sciformer.utils.progress import progress
 
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
@@ -75,14 +77,14 @@ def load_h5_layout(root: Path, want_normals: bool) -> tuple[list[str], dict[str,
                 raise DataError(f"{listing}: listed file '{line}' not found under {root}")
             try:
                 with h5py.File(path, "r") as fh:
-                    for key in ("data", "label"):
+                    for key in ("data", "label", *(("normal",) if want_normals else ())):
                         if key not in fh:
-                            raise DataError(f"{path}: missing key '{key}' (keys: {', '.join(fh.keys())})")
+                            raise DataError(f"{path}: missing key '{key}' (keys: {', '.join(fh.keys())})" if key != "normal"
+                                            else f"{path}: feature 'normal' asked but the file has no 'normal' key")
+                        check_hdf5_dataset(fh[key], f"{path} [{key}]")  # before reading: budget, bombs, external data
                     data = np.asarray(fh["data"], dtype=np.float32)  # (n, P, 3)
-                    label = np.asarray(fh["label"]).reshape(-1).astype(np.int64)  # (n,)
+                    label = check_labels(path, np.asarray(fh["label"]).reshape(-1), "'label'")  # (n,)
                     if want_normals:
-                        if "normal" not in fh:
-                            raise DataError(f"{path}: feature 'normal' asked but the file has no 'normal' key")
                         normals.append(np.asarray(fh["normal"], dtype=np.float32))
             except DataError:
                 raise

@@ -7,6 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData, fail, from_named_columns
+from sciformer.utils.limits import check_bytes
+
+_PCD_TYPES = {("F", 4), ("F", 8), *((t, s) for t in "IU" for s in (1, 2, 4, 8))}
+LZF_MAX_RATIO = 150  # a 264-byte back-reference costs LZF at least 2 bytes of stream
 
 
 def lzf_decompress(data: bytes, out_len: int) -> bytes:
@@ -78,6 +82,12 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
         raise fail(path, f"bad PCD header (POINTS {npoints}, COUNT {counts}); expected non-negative points and counts >= 1")
     if not (len(fields) == len(sizes) == len(types) == len(counts)):
         raise fail(path, "PCD header FIELDS, SIZE, TYPE and COUNT have different lengths")
+    named = [f for f in fields if f != "_"]  # '_' pads records, possibly several times
+    if len(set(named)) != len(named):
+        raise fail(path, f"PCD header repeats a field name ({' '.join(fields)[:80]})")
+    for t, size in zip(types, sizes, strict=True):
+        if (t.upper(), size) not in _PCD_TYPES:
+            raise fail(path, f"unsupported PCD TYPE/SIZE {t}/{size}; expected F 4/8, I or U 1/2/4/8")
     kinds = {"F": "f", "I": "i", "U": "u"}
     try:
         dtypes = [np.dtype(f"<{kinds[t.upper()]}{s}") for t, s in zip(types, sizes, strict=True)]
@@ -108,6 +118,9 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
             raise fail(path, "truncated PCD binary_compressed block")
         csize, usize = np.frombuffer(body[:8], dtype="<u4")
         expected = npoints * sum(dt.itemsize * c for dt, c in zip(dtypes, counts, strict=True))
+        if int(usize) > LZF_MAX_RATIO * max(int(csize), 1):  # LZF cannot compress further: a forged header
+            raise fail(path, f"corrupt PCD binary_compressed header: {int(usize)} bytes from {int(csize)} compressed is beyond LZF's ratio")
+        check_bytes(int(usize), str(path), "decompressed PCD block")
         if int(usize) != expected:  # checked before allocating the output buffer
             raise fail(path, f"corrupt PCD binary_compressed header: {int(usize)} uncompressed bytes, expected {expected} for {npoints} points")
         try:

@@ -62,6 +62,12 @@ def _ply_header(path: Path, fh: Any) -> tuple[str, list[dict[str, Any]]]:
             raise DataError(f"{path}:{lineno}: bad PLY header line {' '.join(words)!r}") from exc
     if fmt not in ("ascii", "binary_little_endian", "binary_big_endian"):
         raise fail(path, f"unknown PLY format {fmt!r}; expected ascii, binary_little_endian or binary_big_endian")
+    for el in elements:
+        if el["name"] == "vertex" and any(len(p) == 4 for p in el["props"]):
+            raise fail(path, "PLY 'vertex' element has a list property; per-vertex lists are not supported")
+        names = [p[0] for p in el["props"]]
+        if len(set(names)) != len(names):
+            raise fail(path, f"PLY element '{el['name']}' repeats a property name ({', '.join(names)})")
     return fmt, elements
 
 
@@ -104,6 +110,8 @@ def _ply_read_binary(path: Path, fh: Any, fmt: str, elements: list[dict[str, Any
                     else:
                         cdt, idt = np.dtype(order + prop[2]), np.dtype(order + prop[3])
                         n = int(np.frombuffer(data, cdt, 1, pos)[0])
+                        if n < 0:
+                            raise ValueError("negative list length")
                         pos += cdt.itemsize
                         row.append(np.frombuffer(data, idt, n, pos))
                         pos += idt.itemsize * n

@@ -154,6 +154,9 @@ def prepare_room(room_dir: Path, out: Path, malformed: str) -> dict[str, Any]:
         if bad:
             skipped[path.name] = bad
             warnings.warn(f"{path}: skipped {len(bad)} malformed line(s) (first: line {bad[0]})", stacklevel=2)
+        big = np.abs(table[:, :3]).max(axis=1) > np.finfo(np.float32).max  # (n,) 1e300 would become inf in float32
+        if big.any():
+            raise DataError(f"{path}: coordinates beyond float32 (e.g. {table[big][0, :3].tolist()}); expected metres")
         coords.append(table[:, :3].astype(np.float32))
         colours.append(np.clip(np.round(table[:, 3:6]), 0, 255).astype(np.uint8))
         labels.append(np.full(len(table), cls, dtype=np.uint8))

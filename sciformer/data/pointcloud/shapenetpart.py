@@ -32,6 +32,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions, ScoreFn, default_data_root
 from sciformer.data.pointcloud.dataset import PointDataset, PointTask, read_list_file
 from sciformer.data.pointcloud.export import PointPrediction, check_output_suffix, write_point_predictions
+from sciformer.data.pointcloud.fields import check_labels
 from sciformer.data.pointcloud.io import parse_text_table
 from sciformer.data.pointcloud.predict_file import read_cloud, require_features, valid_points
 from sciformer.data.pointcloud.sample import (
@@ -219,7 +220,7 @@ class PartDataset(PointDataset):
         if not path.is_file():
             raise DataError(f"{path}: missing shape file listed in the split")
         table, _ = parse_text_table(path, 7)  # (n, 7)
-        label = table[:, 6].astype(np.int64)  # (n,)
+        label = check_labels(path, table[:, 6], "part label column")  # (n,) integer-valued, else refused
         parts = CATEGORY_PARTS[CATEGORY_NAMES[cat]]
         if label.min() < parts[0] or label.max() > parts[-1]:
             raise DataError(
