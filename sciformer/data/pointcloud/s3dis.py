@@ -42,15 +42,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sciformer.contracts import (
     BuildContext,
     DataInfo,
-    PredictFn,
-    PredictOptions,
     default_data_root,
 )
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
-from sciformer.data.pointcloud.dataset import PointDataset, state_value
-from sciformer.data.pointcloud.export import POINT_OUTPUTS, check_output_suffix, write_point_predictions
+from sciformer.data.pointcloud.dataset import PointDataset
+from sciformer.data.pointcloud.file_predictors import predict_s3dis_file
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,
@@ -293,53 +290,6 @@ def _split_rooms(records: list[dict[str, Any]], cfg: S3DISConfig, root: Path | N
         raise DataError(f"no training rooms left{where} after holding out the test and validation rooms (areas found: "
                         f"{listing}); use data.test_area=null or another data.val_area")
     return {"train": train, "val": val, "test": test}
-
-
-def predict_s3dis_file(
-    cfg: S3DISConfig,
-    state: dict[str, Any],
-    predict: PredictFn,
-    input_path: Path,
-    output_path: Path,
-    batch_size: int,
-    *,
-    options: PredictOptions | None = None,
-) -> Path:
-    """Segment every point of a room file (e.g. ``<room>.txt`` lines 'x y z r g b', .ply, .npy).
-
-    Uses the checkpoint's features and grid size; z is measured from the room's
-    lowest point as in training. Output by suffix (:mod:`sciformer.data.pointcloud.export`):
-    ``.npy``, ``.npz``, ``.ply`` (class names in the header) or ``.las``/``.laz`` for a
-    LAS input; one row per input point, NaN points as no data. ``options`` sets the
-    chunk overlap, the test-time views and whether class probabilities are written.
-    """
-    options = options or PredictOptions()
-    options.require_defaults("s3dis", "votes", "category", "labels")
-    input_path, output_path = Path(input_path), Path(output_path)
-    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
-    features = list(state_value(state, "features", "s3dis"))
-    class_names = list(state_value(state, "class_names", "s3dis"))
-    data = read_cloud(input_path, options.columns)
-    require_features(input_path, data, features)
-    coord = np.asarray(data["coord"], dtype=np.float64)  # (n, 3)
-    z = coord[:, 2][np.isfinite(coord[:, 2])]
-    sample: Sample = {"coord": coord - np.array([0.0, 0.0, z.min() if len(z) else 0.0])}
-    if "colour" in data:
-        sample["colour"] = data["colour"]
-    prediction = predict_cloud(
-        predict, sample, class_names=class_names, features=features, grid_size=state.get("grid_size"),
-        max_points=state.get("eval_max_points"), part_z="keep",
-        transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), batch_size=batch_size,
-        options=options, desc=input_path.name,
-    )
-    out: Sample = {"coord": coord}
-    for key in ("colour", "label"):
-        if key in data:
-            out[key] = data[key]
-    return write_point_predictions(output_path, out, prediction, source=input_path, probabilities=options.probabilities)
-
-
-predict_s3dis_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
 
 
 @DATASETS.register("s3dis", config=S3DISConfig, predictor=predict_s3dis_file)

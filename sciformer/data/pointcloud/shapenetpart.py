@@ -29,16 +29,23 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions, ScoreFn, default_data_root
-from sciformer.data.pointcloud.dataset import PointDataset, PointTask, read_list_file
-from sciformer.data.pointcloud.export import PointPrediction, check_output_suffix, write_point_predictions
+from sciformer.contracts import (
+    BuildContext,
+    DataInfo,
+    PredictFn,
+    ScoreFn,
+    default_data_root,
+)
+from sciformer.data.pointcloud.dataset import (
+    PointDataset,
+    PointTask,
+    read_list_file,
+)
 from sciformer.data.pointcloud.fields import check_labels
+from sciformer.data.pointcloud.file_predictors import predict_shapenetpart_file
 from sciformer.data.pointcloud.io import parse_text_table
-from sciformer.data.pointcloud.predict_file import read_cloud, require_features, valid_points
 from sciformer.data.pointcloud.sample import (
-    assemble_features,
     check_features,
-    collate_points,
     feature_channels,
     split_by_offset,
 )
@@ -48,7 +55,6 @@ from sciformer.data.transforms import (
     Sample,
     build_transforms,
     check_transform_specs,
-    index_points,
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -254,84 +260,6 @@ class ShapeNetPartTask(PointTask):
                 targets.append(item["label"])
                 cats.append(int(item["category"]))
         return {"part_miou": part_miou(preds, targets, cats)}
-
-
-# The synset ids of the release's folders (synsetoffset2category.txt), for telling a shape's category from its path.
-CATEGORY_SYNSETS = {
-    "02691156": "Airplane", "02773838": "Bag", "02954340": "Cap", "02958343": "Car", "03001627": "Chair",
-    "03261776": "Earphone", "03467517": "Guitar", "03624134": "Knife", "03636649": "Lamp", "03642806": "Laptop",
-    "03790512": "Motorbike", "03797390": "Mug", "03948459": "Pistol", "04099429": "Rocket", "04225987": "Skateboard",
-    "04379243": "Table",
-}
-
-
-def shape_category(input_path: Path, category: str | None, names: Sequence[str]) -> int:
-    """Category index of a shape: ``--category`` (any case), else its synset folder, else an error."""
-    if category is not None:
-        match = [i for i, n in enumerate(names) if n.lower() == category.lower()]
-        if not match:
-            raise DataError(f"--category '{category}': unknown; expected one of {', '.join(names)}")
-        return match[0]
-    name = CATEGORY_SYNSETS.get(input_path.parent.name)
-    if name is None or name not in names:
-        raise DataError(f"{input_path}: cannot tell the shape's category from its folder; pass --category "
-                        f"(one of {', '.join(names)})")
-    return list(names).index(name)
-
-
-def predict_shapenetpart_file(
-    cfg: ShapeNetPartConfig,
-    state: dict[str, Any],
-    predict: PredictFn,
-    input_path: Path,
-    output_path: Path,
-    batch_size: int,
-    *,
-    options: PredictOptions | None = None,
-) -> Path:
-    """Segment a shape file into its category's parts (every point; ``x y z nx ny nz [label]``
-    text as released, or PLY / PCD / NPY with normals when the model uses them).
-
-    The category comes from ``options.category`` or the synset folder the file lies in;
-    predictions are restricted to its parts (the standard protocol). Output by suffix:
-    ``.npy`` (n,) global part ids (-1 = no data), ``.npz`` or ``.ply`` (part names in the header).
-    """
-    options = options or PredictOptions()
-    options.require_defaults("shapenetpart", "overlap", "rotations", "flip", "votes", "labels")
-    input_path, output_path = Path(input_path), Path(output_path)
-    check_output_suffix(output_path, PART_OUTPUTS, input_path)
-    features = list(state_value(state, "features", "shapenetpart"))
-    names = [str(n) for n in state_value(state, "category_names", "shapenetpart")]
-    parts = {str(k): [int(p) for p in v] for k, v in state_value(state, "category_parts", "shapenetpart").items()}
-    cat = shape_category(input_path, options.category, names)
-    data = read_cloud(input_path, options.columns)
-    require_features(input_path, data, features)
-    sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64)}
-    if "normal" in data:
-        sample["normal"] = data["normal"]
-    valid = valid_points(sample, features)
-    num_classes = sum(len(v) for v in parts.values())
-    probs = np.zeros((len(valid), num_classes), dtype=np.float32)  # (n, 50)
-    if valid.any():
-        item = index_points(sample, np.flatnonzero(valid))
-        item = build_transforms(cfg.eval_transforms, "data.eval_transforms")(item, np.random.default_rng([0, 0]))
-        batch = collate_points([{**assemble_features(item, features, str(input_path)), "category": np.int64(cat)}])
-        with torch.no_grad():
-            logits = predict(batch).detach().float().cpu()  # (m, 50)
-        own = np.asarray(parts[names[cat]])
-        restricted = torch.full_like(logits, float("-inf"))
-        restricted[:, own] = logits[:, own]
-        probs[valid] = torch.softmax(restricted, dim=1).numpy()
-    class_names = [f"{c.lower()}_{i}" for c, ps in parts.items() for i in range(len(ps))]
-    prediction = PointPrediction(probs, valid, class_names)
-    out: Sample = {"coord": sample["coord"]}
-    if "label" in data:
-        out["label"] = data["label"]
-    return write_point_predictions(output_path, out, prediction, source=input_path, probabilities=options.probabilities)
-
-
-PART_OUTPUTS = (".npy", ".npz", ".ply")
-predict_shapenetpart_file.suffixes = PART_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
 
 
 @DATASETS.register("shapenetpart", config=ShapeNetPartConfig, predictor=predict_shapenetpart_file)
