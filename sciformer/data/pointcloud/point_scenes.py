@@ -335,7 +335,7 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
                                         part_z="min", transform=eval_tf, features=features, seed=ctx.seed)
 
     info = DataInfo(num_classes=len(table), class_names=list(table), in_channels=feature_channels(features),
-                    extras={"task": "segmentation", "features": features, "grid_size": cfg.grid_size})
+                    task="segmentation", features=list(features))
     protocol = {
         "dataset": "point_scenes",
         "root": str(root),
