@@ -134,7 +134,7 @@ def _(d: Path, t: Trained) -> list[str]:
 @case("out-dir-locked", "being written by another sciformer process")
 def _(d: Path, t: Trained) -> list[str]:
     (d / "run").mkdir()
-    handle = open(d / "run" / ".lock", "a+")  # noqa: SIM115 - held like a running trainer holds it
+    handle = open(d / "run" / ".lock", "a+")
     fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     handle.write("4242\n")
     handle.flush()
@@ -250,7 +250,7 @@ BOMB_SHAPE = (3000, 3000, 100)  # float32: 3.4 GiB declared, a few KB on disk
 def _(d: Path, t: Trained) -> list[str]:
     import h5py
 
-    cube, gt = make_scene()
+    _cube, gt = make_scene()
     with h5py.File(d / "scene.mat", "w", userblock_size=512) as fh:
         fh.create_dataset("cube", shape=BOMB_SHAPE[::-1], dtype="f4", chunks=(10, 100, 100), compression="gzip")  # all fill value
         fh["gt"] = gt.T.astype(np.float64)
@@ -325,7 +325,7 @@ def _npz_with_header(path: Path, shape: tuple[int, ...]) -> None:
         archive.writestr("cube.npy", member.getvalue())
 
 
-def io_bytes():  # noqa: ANN201 - a BytesIO
+def io_bytes():
     import io
 
     return io.BytesIO()
@@ -554,7 +554,7 @@ def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0) -> 
                 code = main(argv)
         except CaseTimeout:
             code = "timeout"
-        except BaseException as exc:  # noqa: BLE001 - reported as the failure it is
+        except BaseException as exc:
             import traceback
 
             code = f"raised {type(exc).__name__}"
