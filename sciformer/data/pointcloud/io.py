@@ -62,6 +62,7 @@ def parse_text_table(
     delimiter: str | None = "auto",
     skip_rows: int = 0,
     malformed: str = "error",
+    allow_nonfinite: bool = False,
 ) -> tuple[np.ndarray, list[int]]:
     """Parse a numeric text table into a float64 array.
 
@@ -70,6 +71,7 @@ def parse_text_table(
     None (whitespace) or a character. Lines starting with ``#`` or ``//`` and blank
     lines are ignored. ``malformed``: ``"error"`` raises a DataError naming
     ``file:line``; ``"skip"`` drops bad lines and returns their 1-based numbers.
+    ``allow_nonfinite`` accepts ``nan`` / ``inf`` values (kept as such) in a well-formed table.
 
     Shapes: returns ``(rows (n, ncols), skipped line numbers)``.
     """
@@ -96,7 +98,7 @@ def parse_text_table(
         rows = np.loadtxt(
             lines[first:], dtype=np.float64, delimiter=delimiter, comments=("#", "//"), ndmin=2
         )  # (n, ncols)
-        if rows.shape[1] == ncols and np.all(np.isfinite(rows)):
+        if rows.shape[1] == ncols and (allow_nonfinite or np.all(np.isfinite(rows))):  # nan/inf only when asked
             return rows, []
     except ValueError:
         pass
@@ -165,7 +167,7 @@ def _guess_columns(path: Path | str, table: np.ndarray) -> list[str]:
     )
 
 
-def _read_table(path: Path, columns: Sequence[str] | None) -> PointData:
+def _read_table(path: Path, columns: Sequence[str] | None, keep_invalid: bool = False) -> PointData:
     skip = 0
     header: list[str] | None = None
     with open(path, encoding="utf-8", errors="replace") as fh:
@@ -179,7 +181,7 @@ def _read_table(path: Path, columns: Sequence[str] | None) -> PointData:
         skip = 1
     elif len(tokens) == 1 and tokens[0].isdigit() and len(head[1].split()) >= 3:
         skip = 1  # a point-count line
-    table, _ = parse_text_table(path, skip_rows=skip)  # (n, c)
+    table, _ = parse_text_table(path, skip_rows=skip, allow_nonfinite=keep_invalid)  # (n, c)
     names = [c.lower() for c in columns] if columns is not None else header or _guess_columns(path, table)
     if len(names) != table.shape[1]:
         raise fail(path, f"{table.shape[1]} columns but {len(names)} column names {names}")
@@ -313,7 +315,7 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
     elif suffix == ".bin":
         data = _read_bin(path, columns, bin_dtype)
     elif suffix in (".xyz", ".txt", ".pts", ".csv"):
-        data = _read_table(path, columns)
+        data = _read_table(path, columns, keep_invalid)
     elif suffix in (".npy", ".npz"):
         data = _read_numpy(path, columns)
     elif suffix == ".off":

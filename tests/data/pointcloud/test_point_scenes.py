@@ -128,3 +128,13 @@ def test_predictor_keeps_every_point(tmp_path: Path, ctx: BuildContext) -> None:
     expected[[3, 50]] = -1
     np.testing.assert_array_equal(ply["pred"], expected)
     np.testing.assert_array_equal(ply["valid"], expected >= 0)
+
+
+def test_text_table_nan_rows_kept_for_prediction(tmp_path: Path) -> None:
+    """A text cloud with NaN rows: refused for training data, every row kept when predicting."""
+    path = tmp_path / "scan.xyz"
+    path.write_text("0 0 0\nnan nan nan\n1 1 1\n")
+    with pytest.raises(DataError, match="expected 3 numbers"):
+        read_point_file(path)
+    data = read_point_file(path, keep_invalid=True)
+    assert data["coord"].shape == (3, 3) and np.isnan(data["coord"][1]).all()
