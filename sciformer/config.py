@@ -79,9 +79,11 @@ MAX_EPOCHS = 1_000_000
 MAX_BATCH = 1_048_576
 MAX_STEPS = 10**9
 MAX_NAME = 100
-MAX_MODEL_SIZE = 16_384  # model widths, depths, heads: beyond this a typo, not a model
+MAX_MODEL_SIZE = 16_384  # model widths: beyond this a typo, not a model
+MAX_MODEL_COUNT = 1_024  # depths, blocks, heads
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d{1,3})?)$")
 _SIZE_KEY = re.compile(r"(^|_)(dim|dims|depth|channels|hidden|width|widths|heads|blocks|planes|tokens|embed)(_|$)")
+_COUNT_KEY = re.compile(r"(^|_)(depth|heads|blocks)(_|$)")
 
 
 class ScheduleConfig(Section):
@@ -235,10 +237,11 @@ def _check_values(node: Any, key: str, source: str) -> None:
     elif isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{where}{key}: expected a finite number, got {node}")
     if key.startswith("model.") and _SIZE_KEY.search(key.split(".")[1]):
+        top = MAX_MODEL_COUNT if _COUNT_KEY.search(key.split(".")[1]) else MAX_MODEL_SIZE
         sizes = node if isinstance(node, (list, tuple)) else [node]
         for v in sizes:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_MODEL_SIZE:
-                raise ConfigError(f"{where}{key}: {_short(v)} is beyond the largest model size {MAX_MODEL_SIZE}")
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > top:
+                raise ConfigError(f"{where}{key}: {_short(v)} is beyond the largest model size {top}")
 
 
 # ---------------------------------------------------------------------------- overrides
