@@ -106,3 +106,27 @@ def test_labels_give_the_truth_panel_and_scores(scene: dict[str, Path], tmp_path
     np.save(tmp_path / "small.npy", np.zeros((5, 5), np.int64))
     assert predict(scene, scene["envi"], tmp_path / "m2.npy", "--labels", str(tmp_path / "small.npy")) == 2
     assert "the map is 5 x 5, the scene 20 x 24" in capsys.readouterr().err
+
+
+def test_train_from_geotiff_cube_and_label_map(tmp_path: Path) -> None:
+    """A GeoTIFF cube and a single-band GeoTIFF label map train like any scene file."""
+    from rasterio.transform import from_origin
+
+    cube, gt, _ = make_hsi_scene(h=16, w=16, bands=6, classes=2, block=4)
+    profile = {"driver": "GTiff", "height": 16, "width": 16, "crs": "EPSG:32633",
+               "transform": from_origin(400000.0, 5000000.0, 10.0, 10.0)}
+    with rasterio.open(tmp_path / "cube.tif", "w", count=6, dtype="float32", **profile) as dst:
+        dst.write(np.moveaxis(cube.astype(np.float32), -1, 0))
+    with rasterio.open(tmp_path / "gt.tif", "w", count=1, dtype="uint8", **profile) as dst:
+        dst.write(gt.astype(np.uint8)[None])
+    (tmp_path / "geo.yaml").write_text(
+        "name: geo\ndata:\n  name: hsi_scene\n  source: cube.tif\n  label_path: gt.tif\n  patch_size: 3\n"
+        "  split: {kind: stratified, train_per_class: 10, val_fraction: 0.2}\n"
+        "model: {name: spectral_spatial, dim: 8, depth: 1, num_heads: 2, band_group_size: 3}\n"
+        "train: {epochs: 1, batch_size: 16, progress: never}\n")
+    assert main(["train", "-c", str(tmp_path / "geo.yaml"), "-o", str(tmp_path / "run")]) == 0
+    out = tmp_path / "map.tif"
+    assert main(["predict", "--checkpoint", str(tmp_path / "run"), "-i", str(tmp_path / "cube.tif"), "-o", str(out),
+                 "--labels", str(tmp_path / "gt.tif")]) == 0
+    with rasterio.open(out) as src:
+        assert src.crs.to_epsg() == 32633 and list(src.transform)[:6] == [10.0, 0.0, 400000.0, 0.0, -10.0, 5000000.0]

@@ -641,7 +641,13 @@ def _(d: Path, t: Trained) -> list[str]:
     return _scene_case(d, "cube.npy", image_key="cube")
 
 
-@case("hsi-unsupported-suffix", "scene.tif", "unsupported file type")
+@case("hsi-unsupported-suffix", "scene.jpg", "unsupported file type")
+def _(d: Path, t: Trained) -> list[str]:
+    (d / "scene.jpg").write_bytes(b"\xff\xd8\xff")
+    return _scene_case(d, "scene.jpg")
+
+
+@case("hsi-geotiff-damaged", "scene.tif", "not a readable GeoTIFF")
 def _(d: Path, t: Trained) -> list[str]:
     (d / "scene.tif").write_bytes(b"II*\x00")
     return _scene_case(d, "scene.tif")

@@ -25,7 +25,7 @@ MAT_SUFFIXES = (".mat",)
 ENVI_SUFFIXES = (".hdr",)
 NPY_SUFFIXES = (".npy", ".npz")
 LAN_SUFFIXES = (".lan",)
-SUPPORTED = ".mat (v5/v7.3), .hdr (+ data file), .img/.dat/.raw with a .hdr beside, .lan, .npy, .npz"
+SUPPORTED = ".mat (v5/v7.3), .hdr (+ data file), .img/.dat/.raw with a .hdr beside, .lan, .npy, .npz, .tif (GeoTIFF)"
 
 
 
@@ -264,6 +264,10 @@ def open_container(path: str | os.PathLike[str]) -> Container:
         return _open_envi(p, None)
     if suffix in LAN_SUFFIXES:
         return _open_lan(p)
+    if suffix in (".tif", ".tiff"):
+        from sciformer.data.hsi.geotiff import open_geotiff_container
+
+        return open_geotiff_container(p)
     header = _envi_header_for(p)
     if header is not None:
         return _open_envi(header, p)

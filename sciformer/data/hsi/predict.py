@@ -19,7 +19,6 @@ from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.geotiff import (
     GEOTIFF_SUFFIXES,
     georef_of,
-    read_geotiff,
     write_geotiff_map,
 )
 from sciformer.data.hsi.normalize import Normalizer
@@ -29,8 +28,6 @@ from sciformer.data.hsi.readers import (
     list_arrays,
     read_labels,
     read_scene,
-    validate_cube,
-    validate_labels,
 )
 from sciformer.errors import DataError
 
@@ -41,10 +38,6 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> tuple[Scene, 
     """The scene of an input file (and its georeference: ENVI map info or GeoTIFF transform + CRS)."""
     if is_builtin(str(input_path)) and not input_path.exists():
         return load_builtin(str(input_path)), None
-    if input_path.suffix.lower() in GEOTIFF_SUFFIXES:
-        cube, georef = read_geotiff(input_path)
-        scene = Scene(cube=validate_cube(cube, str(input_path)), source=str(input_path))
-        return scene, georef
     keys = list_arrays(input_path)
     image_key = cfg.image_key if cfg.image_key in keys else None
     scene = read_scene(input_path, image_key, labels="none")
@@ -57,13 +50,7 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> tuple[Scene, 
 
 def read_label_map(path: Path, shape: tuple[int, int], num_classes: int) -> np.ndarray:
     """A ground-truth map for ``--labels`` (any label file, or a single-band GeoTIFF): (H, W) int64, 0..K."""
-    if path.suffix.lower() in GEOTIFF_SUFFIXES:
-        bands, _ = read_geotiff(path)
-        if bands.shape[2] != 1:
-            raise DataError(f"--labels {path}: a GeoTIFF label map has one band, this one has {bands.shape[2]}")
-        gt = validate_labels(bands[:, :, 0], f"--labels {path}")
-    else:
-        gt = read_labels(path, None, None)
+    gt = read_labels(path, None, None)  # a single-band GeoTIFF is a label map too
     if gt.shape != tuple(shape):
         raise DataError(f"--labels {path}: the map is {gt.shape[0]} x {gt.shape[1]}, the scene {shape[0]} x {shape[1]}")
     if gt.max() > num_classes:

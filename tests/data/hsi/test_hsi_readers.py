@@ -195,7 +195,8 @@ def test_negative_labels_rejected(tmp_path, uint_scene):
         ("broken.npy", b"\x93NUMPY garbage", "not a readable .npy"),
         ("broken.hdr", b"not an envi header", "not a readable ENVI"),
         ("broken.lan", b"XXXXXX" + b"\x00" * 200, "not a readable ERDAS"),
-        ("scene.tif", b"II*\x00", "unsupported file type '.tif'"),
+        ("scene.tif", b"II*\x00", "not a readable GeoTIFF"),
+        ("scene.jpg", b"\xff\xd8\xff", "unsupported file type '.jpg'"),
     ],
 )
 def test_unreadable_files(tmp_path, name, content, pattern):
