@@ -8,7 +8,7 @@ EXTRAS ?= all
 DEMO_CONFIG ?= experiments/indian_pines_demo.yaml
 DEMO_DIR ?= runs/demo
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(VENV)/.setup-done
 
@@ -24,6 +24,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check sciformer tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/bench_geometry.py --quick

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 ALL_CASES = ["pyg", "plain", "sciformer", "plain-ptv1", "sciformer-ptv1"]
 

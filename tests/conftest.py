@@ -55,7 +55,7 @@ class ToyBlobs(TaskData):
         gen = torch.Generator().manual_seed(1234)
         centres = 3 * torch.randn(cfg.num_classes, cfg.dim, generator=gen)
         self.splits = {}
-        for i, split in enumerate(("train", "val", "test")):
+        for split in ("train", "val", "test"):
             labels = torch.arange(cfg.num_classes).repeat_interleave(cfg.per_class)
             x = centres[labels] + cfg.spread * torch.randn(len(labels), cfg.dim, generator=gen)
             self.splits[split] = TensorDataset(x, labels)

@@ -35,7 +35,7 @@ class NeighborGraph:
     adj_t: Tensor
 
     @classmethod
-    def build(cls, idx: Tensor, num_sources: int, dtype: torch.dtype) -> "NeighborGraph":
+    def build(cls, idx: Tensor, num_sources: int, dtype: torch.dtype) -> NeighborGraph:
         n, k = idx.shape
         e = n * k
         flat = idx.reshape(-1)  # (E,)

@@ -14,7 +14,8 @@ per-point inputs and accumulates gradients (gathered inputs through ``index_add_
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -20,7 +20,7 @@ takes a plain path over the valid edges only. The residual block around the laye
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

@@ -61,7 +61,8 @@ class RunResult:
     best_epoch: int
 
 
-def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0, max_batches: int | None = None, dist: DistContext = DistContext(), votes: int = 1) -> DataLoader:
+def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0,
+                max_batches: int | None = None, dist: DistContext = DistContext(), votes: int = 1) -> DataLoader:
     """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch.
 
     ``votes > 1`` loads the task's voting view of ``split`` (evaluation only).

@@ -8,8 +8,8 @@ from torchmetrics.classification import (
 )
 
 from sciformer.engine.metrics import (
-    ConfusionMatrix,
     MIOU_RULE,
+    ConfusionMatrix,
     format_table,
     label_scorer,
     scores_from_confusion,

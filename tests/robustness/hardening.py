@@ -415,8 +415,8 @@ def _(d: Path, t: Trained) -> list[str]:
 @case("predict-ply-float-labels", "shape.ply", "non-integer labels")
 def _(d: Path, t: Trained) -> list[str]:
     pts = corpus.cloud()
-    head = ("ply\nformat ascii 1.0\nelement vertex %d\nproperty float x\nproperty float y\nproperty float z\n"
-            "property float label\nend_header\n" % len(pts))
+    head = (f"ply\nformat ascii 1.0\nelement vertex {len(pts)}\nproperty float x\nproperty float y\nproperty float z\n"
+            "property float label\nend_header\n")
     text = head + "".join(f"{x} {y} {z} 0.5\n" for x, y, z in pts)
     return corpus._predict_points(d, t, "shape.ply", text)
 
@@ -438,8 +438,8 @@ def _(d: Path, t: Trained) -> list[str]:
 @case("ply-face-index-beyond-int64", "shape.ply", "int64")
 def _(d: Path, t: Trained) -> list[str]:
     pts = corpus.cloud()
-    head = ("ply\nformat ascii 1.0\nelement vertex %d\nproperty float x\nproperty float y\nproperty float z\n"
-            "element face 1\nproperty list uchar int vertex_indices\nend_header\n" % len(pts))
+    head = (f"ply\nformat ascii 1.0\nelement vertex {len(pts)}\nproperty float x\nproperty float y\nproperty float z\n"
+            "element face 1\nproperty list uchar int vertex_indices\nend_header\n")
     text = head + "".join(f"{x} {y} {z}\n" for x, y, z in pts) + f"3 0 1 {2**70}\n"
     return corpus._predict_points(d, t, "shape.ply", text)
 
@@ -447,8 +447,8 @@ def _(d: Path, t: Trained) -> list[str]:
 @case("ply-face-index-out-of-range", "shape.ply", "face index out of range")
 def _(d: Path, t: Trained) -> list[str]:
     pts = corpus.cloud()
-    head = ("ply\nformat ascii 1.0\nelement vertex %d\nproperty float x\nproperty float y\nproperty float z\n"
-            "element face 1\nproperty list uchar int vertex_indices\nend_header\n" % len(pts))
+    head = (f"ply\nformat ascii 1.0\nelement vertex {len(pts)}\nproperty float x\nproperty float y\nproperty float z\n"
+            "element face 1\nproperty list uchar int vertex_indices\nend_header\n")
     text = head + "".join(f"{x} {y} {z}\n" for x, y, z in pts) + "3 0 1 4000000\n"
     return corpus._predict_points(d, t, "shape.ply", text)
 

@@ -58,7 +58,7 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
     (then every point stays, in file order, and the caller masks the holes)."""
     with open(path, "rb") as fh:
         header: dict[str, list[str]] = {}
-        for lineno in range(1, 200):
+        for _ in range(1, 200):
             raw = fh.readline()
             if not raw:
                 raise fail(path, "PCD header has no DATA line")

@@ -183,7 +183,7 @@ def test_grid_sample_inverse_maps_back() -> None:
     np.testing.assert_array_equal(vox[keep][out["inverse"]], vox)
     # test mode is deterministic and keeps the lowest index of each voxel
     np.testing.assert_array_equal(GridSample(0.5, "test")(s)["label"], keep)
-    for i, v in enumerate(np.unique(out["inverse"])):
+    for v in np.unique(out["inverse"]):
         assert keep[v] == np.flatnonzero(out["inverse"] == v).min()
     # train mode picks random points, same voxels
     tr = GridSample(0.5, "train")(s, rng(1))
