@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
+from sciformer.contracts import TaskData
+from sciformer.engine.distributed import DistContext
+from sciformer.engine.noise import PerSampleRNG
 from sciformer.engine.runtime import epoch_seed
 
 
@@ -62,3 +65,20 @@ class EpochBatchSampler(Sampler[list[int]]):
             share = batch[self.rank :: self.world_size].tolist()
             if share:
                 yield share
+
+
+def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0,
+                max_batches: int | None = None, dist: DistContext = DistContext(), votes: int = 1) -> DataLoader:
+    """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch.
+
+    ``votes > 1`` loads the task's voting view of ``split`` (evaluation only).
+    """
+    dataset = task.dataset(split) if votes == 1 else task.voting_dataset(split, votes)
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
+    if train:
+        dataset = PerSampleRNG(dataset, seed, epoch)  # augmentation decided by (seed, epoch, sample)
+    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
+                                max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
+    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False)

@@ -26,18 +26,17 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from sciformer.config import Experiment
 from sciformer.contracts import TaskData
 from sciformer.engine import builders
-from sciformer.engine.batching import EpochBatchSampler
+from sciformer.engine.batching import EpochBatchSampler, make_loader
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.inference import check_split_not_empty, predict_fn
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
-from sciformer.engine.noise import PerSampleRNG, StepNoise, install
+from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.report import write_evaluation
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
 from sciformer.engine.runtime import (
@@ -59,23 +58,6 @@ class RunResult:
     run_dir: Path
     test: dict[str, Any]
     best_epoch: int
-
-
-def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, seed: int, epoch: int = 0, start: int = 0, workers: int = 0,
-                max_batches: int | None = None, dist: DistContext = DistContext(), votes: int = 1) -> DataLoader:
-    """A loader whose order depends only on (seed, epoch); ``batch_size`` is the global batch.
-
-    ``votes > 1`` loads the task's voting view of ``split`` (evaluation only).
-    """
-    dataset = task.dataset(split) if votes == 1 else task.voting_dataset(split, votes)
-    if hasattr(dataset, "set_epoch"):
-        dataset.set_epoch(epoch)
-    if train:
-        dataset = PerSampleRNG(dataset, seed, epoch)  # augmentation decided by (seed, epoch, sample)
-    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
-                                max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
-    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False)
 
 
 def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
