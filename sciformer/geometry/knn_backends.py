@@ -1,20 +1,41 @@
 """kNN search backends on packed batches: KD-trees (pykdtree, scipy) with Morton ordering,
 chunked brute force in torch, and torch_cluster. :func:`sciformer.geometry.knn.knn` picks one.
+
+The KD-tree path, measured with ``benchmarks/bench_geometry.py`` on real scans:
+
+- **Order from the data.** A cloud whose points come in a scattered order (shuffled, a
+  spinning-LiDAR scan stored beam by beam, uniform samples) is put in Morton (Z-curve) order
+  before the tree is built and queried: neighbouring queries then walk the same nodes and
+  the tree's points lie together in memory (1.7x on a SemanticKITTI scan, 3x on a
+  shuffled airborne tile). A cloud already stored in a spatially coherent order (an
+  airborne tile in scan-line order) gains nothing from it and is searched as it is.
+  :func:`is_scattered` decides on three blocks of consecutive points (about 1 ms); clouds
+  under 8192 points fit in cache and keep their order.
+- **Many small clouds, one tree.** A batch of small clouds (ModelNet, the deeper stages of a
+  point model) is searched with one tree over all clouds, each centred and shifted far
+  apart along the first axis (in float64), so that no neighbour can cross clouds; one call
+  instead of a Python loop and an OpenMP start per cloud.
+- **Threads set with torch's.** pykdtree's OpenMP threads (scipy's ``workers``) follow
+  ``torch.get_num_threads()``, and small searches run on one thread: two thread pools
+  never compete for the same cores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-# Clouds at least this large are put in Morton (Z-curve) order before the KD-tree is built
-# and queried: neighbouring queries then walk the same tree nodes and the tree's points lie
-# together in memory (cache hits). Measured on uniform random points, k=16: neutral at 30k,
-# ~1.2x at 100k, ~3x at 1M.
-_SPATIAL_SORT_MIN = 65_536
+_SORT_MIN = 8192  # smaller clouds fit in cache: reordering them does not pay
+_SCATTER_BLOCK = 1024  # points per block of the order test
+_SCATTER_RATIO = 2.0  # file-order spacing / Morton-order spacing above which order pays
+_UNION_MAX_MEAN = 8192  # batches of clouds this small on average share one tree
+_PARALLEL_MIN = 16_384  # queries below this run on one thread (a parallel start costs more)
+_CODE_BITS = 10  # Morton cells per axis: 2**10
 
 
 def per_cloud(search: Callable[[slice, slice, int], tuple[Any, Any]], index: Any, dist: Any,
@@ -39,6 +60,9 @@ def per_cloud(search: Callable[[slice, slice, int], tuple[Any, Any]], index: Any
     return index, dist
 
 
+# --------------------------------------------------------------------------- Morton order
+
+
 def _part1by2(v: np.ndarray) -> np.ndarray:
     """Spread the low 10 bits of ``v`` three apart (one axis of a 3-D Morton code)."""
     v = (v | (v << 16)) & 0x030000FF
@@ -47,64 +71,203 @@ def _part1by2(v: np.ndarray) -> np.ndarray:
     return (v | (v << 2)) & 0x09249249
 
 
+_SPREAD = _part1by2(np.arange(1 << _CODE_BITS, dtype=np.int64))  # cell -> spread bits
+
+
 def spatial_order(points: np.ndarray) -> np.ndarray:
     """A permutation putting ``points`` along a Morton (Z-order) curve of their first 3 axes.
 
-    numpy on purpose: single-threaded ops keep this cheap on a loaded machine.
+    numpy on purpose: single-threaded ops stay cheap on a loaded machine. Ties (points in
+    the same cell) keep their input order.
 
     Shapes:
         points: (N, D) -> (N,) int64
     """
-    x = points[:, :3]
-    lo = x.min(axis=0)
-    extent = float((x.max(axis=0) - lo).max())
-    cells = ((x - lo) * (1023.0 / max(extent, 1e-30))).astype(np.int32)
-    np.clip(cells, 0, 1023, out=cells)
-    code = np.zeros(len(x), dtype=np.int32)
-    for axis in range(cells.shape[1]):
-        code |= _part1by2(cells[:, axis]) << axis
-    return np.argsort(code, kind="stable")
+    n = points.shape[0]
+    cols = np.ascontiguousarray(points[:, :3].T)  # (3, N): contiguous rows reduce fast
+    lo, hi = cols.min(axis=1), cols.max(axis=1)
+    scale = ((1 << _CODE_BITS) - 1) / max(float((hi - lo).max()), 1e-30)
+    code = np.zeros(n, dtype=np.int64)
+    buf = np.empty(n, dtype=np.float64)
+    cell = np.empty(n, dtype=np.int64)
+    for axis in range(cols.shape[0]):
+        np.subtract(cols[axis], lo[axis], out=buf, dtype=np.float64)
+        buf *= scale
+        np.clip(buf, 0, (1 << _CODE_BITS) - 1, out=buf)
+        cell[:] = buf
+        code |= _SPREAD[cell] << axis
+    index_bits = max(n - 1, 1).bit_length()
+    if 3 * _CODE_BITS + index_bits > 63:  # too many points to pack: a stable argsort instead
+        return np.argsort(code, kind="stable")
+    code <<= index_bits  # the index in the low bits: one plain sort, ties in input order
+    code |= np.arange(n, dtype=np.int64)
+    code.sort()
+    code &= (1 << index_bits) - 1
+    return code
+
+
+def is_scattered(points: np.ndarray) -> bool:
+    """Whether Morton order would bring consecutive points much closer together.
+
+    Compares, on up to 3 blocks of 1024 consecutive points, the median distance between
+    consecutive points as stored with the same block in Morton order. Coherent orders (scan
+    lines of an airborne tile, a grid) give about 1; shuffled points, spinning-LiDAR scans
+    stored beam by beam and uniform samples give 10 and more.
+
+    Shapes:
+        points: (N, D)
+    """
+    n = points.shape[0]
+    if n < _SORT_MIN:
+        return False
+    size = min(n, _SCATTER_BLOCK)
+    ratios = []
+    for start in np.linspace(0, n - size, num=min(3, n // size)).astype(np.int64):
+        block = points[start : start + size, :3].astype(np.float64)  # (size, <=3)
+        stored = np.median(np.square(np.diff(block, axis=0)).sum(axis=1))
+        ordered = block[spatial_order(block)]
+        curve = np.median(np.square(np.diff(ordered, axis=0)).sum(axis=1))
+        ratios.append(stored / curve if curve > 0 else (np.inf if stored > 0 else 1.0))
+    return float(np.median(ratios)) > _SCATTER_RATIO**2  # squared distances
+
+
+# --------------------------------------------------------------------------- threads
+
+
+@functools.cache
+def _pykdtree_openmp() -> tuple[Any, ...]:
+    """threadpoolctl controllers of the OpenMP runtime pykdtree runs on (empty if unknown).
+
+    pykdtree wheels bundle their own libgomp, which reads ``OMP_NUM_THREADS`` once at load
+    and ignores ``torch.set_num_threads``; a build linked to the runtime torch uses is
+    matched by falling back to every OpenMP runtime loaded.
+    """
+    import pykdtree.kdtree  # noqa: F401  (loads its OpenMP runtime)
+
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # without threadpoolctl pykdtree keeps its own default
+        return ()
+    libs = [c for c in ThreadpoolController().lib_controllers if c.internal_api == "openmp"]
+    own = tuple(c for c in libs if "pykdtree" in c.filepath)
+    return own or tuple(libs)
+
+
+@contextlib.contextmanager
+def openmp_threads(threads: int) -> Iterator[None]:
+    """pykdtree's OpenMP threads set to ``threads`` for the block, restored afterwards."""
+    libs = _pykdtree_openmp()
+    before = [lib.get_num_threads() for lib in libs]
+    for lib, old in zip(libs, before):
+        if old != threads:
+            lib.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        for lib, old in zip(libs, before):
+            if old != threads:
+                lib.set_num_threads(old)
+
+
+def search_threads(queries: int) -> int:
+    """Threads for a KD-tree search of ``queries`` points: torch's count, one for small work."""
+    return torch.get_num_threads() if queries >= _PARALLEL_MIN else 1
+
+
+# --------------------------------------------------------------------------- KD-trees
+
+
+def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: list[int], same: bool):
+    """Centre every cloud and lay the clouds out along the first axis, far apart, in float64.
+
+    Cloud b's query and support points move by the same vector: its bounding box (query and
+    support together) is centred at ``b * pitch`` on the first axis, ``pitch = 3 * d`` with
+    ``d`` the largest box diagonal. Two points of different clouds are then at least
+    ``2 d`` apart, farther than any two points of one cloud, so the nearest neighbours of a
+    query are all in its own cloud, in front of any from another.
+
+    Returns the shifted support, the shifted query (the same array when ``same``) and ``d``.
+
+    Shapes:
+        qn: (M, D), sn: (N, D) -> (N, D), (M, D) float64
+    """
+    s_starts = np.cumsum([0] + s_sizes[:-1])
+    lo = np.minimum.reduceat(sn, s_starts, axis=0).astype(np.float64)  # (B, D)
+    hi = np.maximum.reduceat(sn, s_starts, axis=0).astype(np.float64)
+    if not same:
+        q_starts = np.cumsum([0] + q_sizes[:-1])
+        lo = np.minimum(lo, np.minimum.reduceat(qn, q_starts, axis=0))
+        hi = np.maximum(hi, np.maximum.reduceat(qn, q_starts, axis=0))
+    centre = (lo + hi) / 2  # (B, D)
+    diag = float(np.sqrt(np.square(hi - lo).sum(axis=1)).max())
+    pitch = 3 * diag if diag > 0 else 1.0
+    move = centre.copy()  # (B, D): minus this puts cloud b's box centre at (b * pitch, 0, ...)
+    move[:, 0] -= np.arange(len(s_sizes)) * pitch
+    s_shift = sn - np.repeat(move, s_sizes, axis=0)  # (N, D) float64
+    if same:
+        return s_shift, s_shift, diag
+    q_shift = qn - np.repeat(move, q_sizes, axis=0)
+    return s_shift, q_shift, diag
 
 
 def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
-    """Batch-level KD-tree search: one tree per cloud, numpy throughout, results to the device."""
+    """Batch-level KD-tree search: numpy throughout, results to the device."""
 
-    def query_cloud(qn: np.ndarray, sn: np.ndarray, k: int, radius: float | None, base: int, same: bool):
-        """One cloud: index (m, k) int64 (local + base, -1 missing) and dist (m, k).
+    def search(qn, sn, k, radius, same, s_order, q_order, threads):
+        """One tree over ``sn``: index (m, k) int64 into ``sn`` (-1 missing) and dist (m, k).
 
-        Large clouds are put in Morton order, the tree's points and the queries alike
-        (``same``: the queries are the support points, one order serves both).
+        ``s_order`` / ``q_order``: optional permutations (Morton order) applied to the tree's
+        points and to the queries (``same``: the queries are the support points).
         """
         m, ns = qn.shape[0], sn.shape[0]
-        q_order = spatial_order(qn) if m >= _SPATIAL_SORT_MIN else None
-        s_order = None
-        if ns >= _SPATIAL_SORT_MIN:
-            s_order = q_order if same and q_order is not None else spatial_order(sn)
-        tree = tree_cls(sn[s_order] if s_order is not None else sn)
-        qq = qn[q_order] if q_order is not None else qn
+        kk = min(k, ns)
+        tree_pts = sn[s_order] if s_order is not None else sn
+        tree = tree_cls(tree_pts)
+        qq = tree_pts if same and q_order is s_order else (qn[q_order] if q_order is not None else qn)
         # A slightly larger bound keeps points at exactly r; the mask below is exact.
         bound = None if radius is None else radius * (1 + 1e-6) + 1e-30
         if scipy_like:
-            d, i = tree.query(qq, k=k, distance_upper_bound=np.inf if bound is None else bound, workers=-1)
+            d, i = tree.query(qq, k=kk, distance_upper_bound=np.inf if bound is None else bound, workers=threads)
         else:
-            d, i = tree.query(qq, k=k, distance_upper_bound=bound)
-        d, i = np.asarray(d, dtype=qn.dtype).reshape(m, k), np.asarray(i).reshape(m, k)
+            with openmp_threads(threads):
+                d, i = tree.query(qq, k=kk, distance_upper_bound=bound)
+        d, i = np.asarray(d).reshape(m, kk), np.asarray(i).reshape(m, kk)
+        if q_order is not None:  # rows back to the caller's order: one row gather each
+            inverse = np.empty_like(q_order)
+            inverse[q_order] = np.arange(m)
+            d, i = np.take(d, inverse, axis=0), np.take(i, inverse, axis=0)
         miss = None if radius is None else (i >= ns) | (d > radius)
         if s_order is not None:  # tree positions -> support indices (int64)
-            i = s_order[np.minimum(i, ns - 1) if miss is not None else i]
-        if q_order is not None:  # undo the query sort (and widen uint32 indices) in one pass
-            index, dist = np.empty((m, k), dtype=np.int64), np.empty_like(d)
-            index[q_order], dist[q_order] = i, d
-            if miss is not None:
-                miss[q_order] = miss.copy()
+            index = np.take(s_order, i if miss is None else np.minimum(i, ns - 1))
         else:
-            index, dist = i.astype(np.int64, copy=False), d
+            index = i.astype(np.int64)
         if miss is not None:
-            index[miss], dist[miss] = -1, np.inf
-            np.add(index, base, out=index, where=~miss)
-        elif base:
-            index += base
-        return index, dist
+            index[miss], d[miss] = -1, np.inf
+        return index, d
+
+    def one_cloud(qn, sn, k, radius, same):
+        """A single cloud: Morton order where the stored order is scattered."""
+        s_order = spatial_order(sn) if is_scattered(sn) else None
+        q_order = s_order if same else (spatial_order(qn) if is_scattered(qn) else None)
+        return search(qn, sn, k, radius, same, s_order, q_order, search_threads(qn.shape[0]))
+
+    def union(qn, sn, q_sizes, s_sizes, k, radius, same):
+        """Many small clouds: one tree over the clouds shifted apart; cross-cloud hits dropped.
+
+        Only a cloud smaller than ``k``, or a radius reaching past the gap between clouds,
+        can see another cloud's points, always behind all of its own.
+        """
+        s_shift, q_shift, max_diag = _shift_apart(qn, sn, q_sizes, s_sizes, same)
+        # stored order: small clouds fit in cache, reordering them does not pay
+        index, dist = search(q_shift, s_shift, k, radius, same, None, None, search_threads(qn.shape[0]))
+        if min(s_sizes) >= k and (radius is None or radius < 2 * max_diag):
+            return index, dist.astype(qn.dtype, copy=False)  # every hit is in its own cloud
+        s_ends = np.cumsum(s_sizes)
+        lo = np.repeat(s_ends - np.asarray(s_sizes), q_sizes)[:, None]  # (M, 1) first support index
+        hi = np.repeat(s_ends, q_sizes)[:, None]
+        other = (index < lo) | (index >= hi)  # another cloud, or already missing (-1)
+        index[other], dist[other] = -1, np.inf
+        return index, dist.astype(qn.dtype, copy=False)
 
     def run(query, support, q_sizes, s_sizes, k, radius):
         device, dtype = query.device, query.dtype
@@ -112,16 +275,29 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
         qn = query.to("cpu", work).contiguous().numpy()
         sn = support.to("cpu", work).contiguous().numpy()
         same = query is support
-        if len(q_sizes) == 1 and s_sizes[0] >= k:
-            index, dist = query_cloud(qn, sn, k, radius, 0, same)
+        m, n_clouds = qn.shape[0], len(q_sizes)
+        if n_clouds == 1:
+            index, dist = one_cloud(qn, sn, k, radius, same)
+        elif sn.shape[0] <= _UNION_MAX_MEAN * n_clouds:
+            index, dist = union(qn, sn, q_sizes, s_sizes, k, radius, same)
         else:
             index, dist = per_cloud(
-                lambda rows, cols, kk: query_cloud(qn[rows], sn[cols], kk, radius, cols.start, same and rows == cols),
-                np.full((qn.shape[0], k), -1, dtype=np.int64), np.full((qn.shape[0], k), np.inf, dtype=qn.dtype),
-                q_sizes, s_sizes, k)
+                lambda rows, cols, kk: _offset(one_cloud(qn[rows], sn[cols], kk, radius, same and rows == cols), cols.start),
+                np.full((m, k), -1, dtype=np.int64), np.full((m, k), np.inf, dtype=qn.dtype), q_sizes, s_sizes, k)
+        if index.shape[1] < k:  # every cloud smaller than k
+            index = np.concatenate([index, np.full((m, k - index.shape[1]), -1, dtype=np.int64)], axis=1)
+            dist = np.concatenate([dist, np.full((m, k - dist.shape[1]), np.inf, dtype=dist.dtype)], axis=1)
         return torch.from_numpy(index).to(device), torch.from_numpy(dist).to(device, dtype)
 
     return run
+
+
+def _offset(found: tuple[np.ndarray, np.ndarray], base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Local support indices of one cloud -> global ones (missing stay -1)."""
+    index, dist = found
+    if base:
+        np.add(index, base, out=index, where=index >= 0)
+    return index, dist
 
 
 def _pykdtree_search(*args):

@@ -128,10 +128,14 @@ def test_knn_fill_policies_for_small_clouds(backend):
 
 
 @pytest.mark.parametrize("backend", ["scipy"] + CPU_BACKENDS[2:])
-def test_spatially_sorted_query_path_matches_ckdtree(backend, monkeypatch):
-    monkeypatch.setattr(importlib.import_module("sciformer.geometry.knn_backends"), "_SPATIAL_SORT_MIN", 1000)
+@pytest.mark.parametrize("path", ["union", "per_cloud"])
+def test_spatially_sorted_query_path_matches_ckdtree(backend, path, monkeypatch):
+    backends = importlib.import_module("sciformer.geometry.knn_backends")
+    monkeypatch.setattr(backends, "_SORT_MIN", 1000)
+    if path == "per_cloud":  # one tree per cloud, clouds 0 and 2 (scattered) in Morton order
+        monkeypatch.setattr(backends, "_UNION_MAX_MEAN", 100)
     rng = np.random.default_rng(5)
-    pts, off = random_batch(rng, [3000, 500, 2500])  # clouds 0 and 2 take the Morton-sorted path
+    pts, off = random_batch(rng, [3000, 500, 2500])
     x, o = torch.from_numpy(pts), torch.from_numpy(off)
     res = knn(x, None, 8, o, backend=backend)
     o_idx, o_dist = knn_oracle(pts, pts, 8, off, off)
@@ -147,6 +151,63 @@ def test_spatially_sorted_query_path_matches_ckdtree(backend, monkeypatch):
     ball = radius(q, x, 2.0, 8, qo, o, backend=backend)
     want = radius(q, x, 2.0, 8, qo, o, backend="brute")
     assert torch.equal(ball.index.sort(dim=1).values, want.index.sort(dim=1).values)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS[1:])
+def test_one_tree_for_many_clouds_never_crosses_clouds(backend):
+    """Overlapping clouds far from the origin (UTM-like), some smaller than k, in float32 and float64."""
+    rng = np.random.default_rng(11)
+    sizes = [40, 3, 1024, 7, 300] * 4
+    base = np.array([6.9e5, 6.26e6, 120.0])  # every cloud at the same place: overlaps
+    parts = [base + rng.normal(size=(n, 3)) * 20 for n in sizes]
+    pts, off = np.concatenate(parts), np.cumsum(sizes)
+    for dtype, atol in ((torch.float64, 1e-9), (torch.float32, 1e-4)):
+        x, o = torch.from_numpy(pts).to(dtype), torch.from_numpy(off)
+        res = knn(x, None, 16, o, fill="sentinel", backend=backend)
+        ref = x.double().numpy()
+        o_idx, o_dist = knn_oracle(ref, ref, 16, off, off)
+        assert_matches(res.index, res.dist, ref, ref, o_idx, o_dist, off, atol)
+        for (s0, s1), size in zip(clouds(off), sizes):
+            block = res.index[s0:s1]
+            assert bool((((block >= s0) & (block < s1)) | (block == -1)).all())
+            assert bool((block[:, : min(size, 16)] >= 0).all()) and bool((block[:, size:] == -1).all())
+
+
+def test_morton_order_only_where_the_stored_order_is_scattered():
+    from sciformer.geometry.knn_backends import is_scattered, spatial_order
+
+    rng = np.random.default_rng(12)
+    # an airborne-tile-like scan: lines along x, one after the other in y, slight noise
+    xs, ys = np.meshgrid(np.linspace(0, 100, 300), np.linspace(0, 100, 200))
+    scan = np.stack([xs.ravel(), ys.ravel(), rng.normal(size=xs.size) * 0.1], axis=1)
+    assert not is_scattered(scan)
+    assert is_scattered(scan[rng.permutation(len(scan))])
+    assert is_scattered(rng.random((50_000, 3)))
+    assert not is_scattered(rng.random((1000, 3)))  # small clouds: never
+    order = spatial_order(scan[rng.permutation(len(scan))])
+    assert np.array_equal(np.sort(order), np.arange(len(scan)))  # a permutation
+    cells = np.array([[0, 0, 0], [1, 1, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0.5]])
+    assert spatial_order(cells).tolist() == [0, 5, 2, 3, 4, 1]  # z-curve: x lowest bit
+
+
+@pytest.mark.skipif(not available_backends()["pykdtree"], reason="pykdtree not installed")
+def test_pykdtree_threads_follow_torch_and_are_restored():
+    pytest.importorskip("threadpoolctl")
+    from sciformer.geometry.knn_backends import _pykdtree_openmp, openmp_threads, search_threads
+
+    libs = _pykdtree_openmp()
+    assert libs, "pykdtree's OpenMP runtime not found"
+    before = [lib.get_num_threads() for lib in libs]
+    with openmp_threads(1):
+        assert all(lib.get_num_threads() == 1 for lib in libs)
+    assert [lib.get_num_threads() for lib in libs] == before
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert search_threads(10**6) == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert search_threads(100) == 1
 
 
 def test_high_dimensional_auto_uses_brute_force_and_matches_oracle():
