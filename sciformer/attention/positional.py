@@ -223,7 +223,7 @@ class NeighborBasis:
         dtype = dtype or pos.dtype
         valid = idx >= 0  # (N, k)
         safe = idx.clamp(min=0)  # (N, k)
-        rel = (pos[safe] - pos.unsqueeze(1)).to(dtype) / scale  # (N, k, 3)
+        rel = (pos.index_select(0, safe.reshape(-1)).view(n, k, 3) - pos.unsqueeze(1)).to(dtype) / scale  # (N, k, 3)
         phi = torch.cat([torch.ones_like(rel[..., :1]), rel, rel.square().sum(-1, keepdim=True)], dim=-1)  # (N, k, nb)
         nb = phi.shape[-1]
         count = valid.sum(1, keepdim=True).clamp_min(1).to(dtype)  # (N, 1)
@@ -240,7 +240,7 @@ class NeighborBasis:
         shifts = torch.arange(nb, device=dev).unsqueeze(1) * e  # (nb, 1)
         crow_t = torch.cat([(crow1[:-1].unsqueeze(0) + shifts).reshape(-1), crow1.new_tensor([nb * e])])  # (nb N + 1,)
         rows_t = torch.div(order, k, rounding_mode="floor").repeat(nb)  # (nb E,) query of each entry
-        vals_t = phi.reshape(e, nb)[order].t().reshape(-1)  # (nb E,) block b = A_b^T
+        vals_t = phi.reshape(e, nb).index_select(0, order).t().reshape(-1)  # (nb E,) block b = A_b^T
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
             adj = torch.sparse_csr_tensor(crow, cols.reshape(-1), phi.reshape(-1), (n, nb * n), check_invariants=False)
