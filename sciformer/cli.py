@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import sciformer
 from sciformer.errors import CheckpointError, ConfigError, SciformerError
@@ -21,8 +21,16 @@ def _add_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides, e.g. train.epochs=5 model.dim=32")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), exit code 2 as before."""
+
+    def error(self, message: str) -> NoReturn:
+        _emit(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sciformer", description="Transformers for 3D point clouds and hyperspectral image cubes.")
+    parser = _Parser(prog="sciformer", description="Transformers for 3D point clouds and hyperspectral image cubes.")
     parser.add_argument("--version", action="version", version=f"sciformer {sciformer.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -267,13 +275,18 @@ MAX_MESSAGE = 600  # characters: a 10 MB value in a config never prints 10 MB
 
 
 def _report(command: str, message: str) -> None:
-    """One line on stderr; under torchrun only rank 0 reports."""
+    """``sciformer <command>: <message>`` as one line on stderr."""
+    _emit(f"sciformer {command}: {message}")
+
+
+def _emit(line: str) -> None:
+    """One line on stderr, cut to MAX_MESSAGE characters; under torchrun only rank 0 reports."""
     if os.environ.get("RANK", "0") not in ("", "0"):
         return
-    message = " ".join(message.split())
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 15] + " ... (truncated)"
-    print(f"sciformer {command}: {message}", file=sys.stderr)
+    line = " ".join(line.split())
+    if len(line) > MAX_MESSAGE:
+        line = line[: MAX_MESSAGE - 16] + " ... (truncated)"
+    print(line, file=sys.stderr)
 
 
 def _quiet_signals() -> None:

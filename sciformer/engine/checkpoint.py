@@ -7,8 +7,11 @@ A checkpoint is a dict of plain data and tensors::
      "data_info": {...}, "data_state": {...},
      "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,
      "epoch": int (completed epochs), "step_in_epoch": int, "global_step": int,
-     "best": {"metric": str, "value": float, "epoch": int},
-     "rng": {...}}
+     "partial": [loss sum, count] of the epoch in progress, "history": [per-epoch rows],
+     "best": {"metric": str, "value": float, "epoch": int}}
+
+No generator state is stored: every random number of a step is decided by the seed, the
+epoch, the step and the sample (:mod:`sciformer.engine.noise`).
 
 Anything else (a foreign file, a truncated file, a pickle with code) is refused with
 a one-line :class:`~sciformer.errors.CheckpointError`.

@@ -1,4 +1,9 @@
-"""Devices, seeding, RNG state capture and environment facts."""
+"""Devices, seeding and environment facts.
+
+Training needs no generator state in checkpoints: the batch order depends on (seed, epoch),
+augmentation on (seed, epoch, sample) and dropout on (seed, step, sample); see
+:mod:`sciformer.engine.noise`.
+"""
 
 from __future__ import annotations
 
@@ -37,36 +42,6 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(seed: int, epoch: int) -> int:
     """A distinct, reproducible seed for each epoch (shuffling, augmentation, dropout)."""
     return (seed * 1_000_003 + epoch * 7_919) % 2**31
-
-
-def capture_rng() -> dict[str, Any]:
-    """RNG states as weights_only-safe data (tensors, lists, ints)."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
-        "python": _to_lists(random.getstate()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    random.setstate(_to_tuples(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _to_lists(obj: Any) -> Any:
-    return [_to_lists(o) for o in obj] if isinstance(obj, (tuple, list)) else obj
-
-
-def _to_tuples(obj: Any) -> Any:
-    return tuple(_to_tuples(o) for o in obj) if isinstance(obj, list) else obj
 
 
 def environment(device: torch.device, seed: int) -> dict[str, Any]:

@@ -81,6 +81,11 @@ def _(d: Path, t: Trained) -> list[str]:
     return [*train_argv(d, _hsi(d)), "--seed", "-1"]
 
 
+@case("cfg-seed-flag-huge", "--seed", "invalid int value")
+def _(d: Path, t: Trained) -> list[str]:
+    return [*train_argv(d, _hsi(d)), "--seed", "1e30"]
+
+
 @case("cfg-name-long-value-not-echoed", "name", "chars)")
 def _(d: Path, t: Trained) -> list[str]:
     cfg = _hsi(d)
@@ -554,6 +559,8 @@ def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0) -> 
                 code = main(argv)
         except CaseTimeout:
             code = "timeout"
+        except SystemExit as exc:  # argparse errors
+            code = exc.code
         except BaseException as exc:
             import traceback
 
