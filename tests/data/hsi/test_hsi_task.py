@@ -241,8 +241,8 @@ def test_predict_file(scene_dir):
     np.save(tmp_path / "short.npy", cube[:, :, :5])
     with pytest.raises(DataError, match="5 bands but the model was trained on 8 bands"):
         predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "short.npy", tmp_path / "x.npy", 64)
-    with pytest.raises(DataError, match="unsupported output suffix '.tif'"):
-        predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "new.npy", tmp_path / "x.tif", 64)
+    with pytest.raises(DataError, match="unsupported output suffix '.csv'"):
+        predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "new.npy", tmp_path / "x.csv", 64)
     with pytest.raises(DataError, match="not an hsi_scene checkpoint"):
         predict_hsi_file(cfg, {}, centre_predictor(4), tmp_path / "new.npy", tmp_path / "x.npy", 64)
 
