@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--tta-rotations", type=int, default=1, metavar="N", help="point scenes: average N turns about z (default 1)")
     predict.add_argument("--tta-flip", action="store_true", help="point scenes: also average mirrored views")
     predict.add_argument("--votes", type=int, default=1, metavar="V", help="shape classification: average V augmented copies (default 1)")
-    predict.add_argument("--probabilities", action="store_true", help="also write per-class probabilities (.ply, .npz, .las/.laz, .tif)")
+    predict.add_argument("--probabilities", action="store_true", help="point clouds: also write per-class probabilities (.ply, .npz, .las/.laz)")
     predict.add_argument("--columns", metavar="NAMES", help="headerless point files and raw .bin scans: e.g. x,y,z,intensity (float32) or x,y,z,r,g,b:float64")
     predict.add_argument("--category", help="part segmentation: the shape's category (e.g. Airplane)")
     predict.add_argument("--labels", metavar="MAP", help="hyperspectral: a ground-truth label map for the figure and metrics")
