@@ -36,16 +36,17 @@ def open_mode(path: str | os.PathLike[str]) -> int:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: object) -> Iterator[IO]:
-    """Open a temporary sibling of ``path`` for writing; rename it over ``path`` on success."""
-    path = Path(path)
+def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
+    """A temporary sibling ``(fd, tmp)`` of ``path`` (``.<name>.<random>.tmp<suffix>``, the final
+    suffix kept for suffix-sensitive writers). When the block succeeds the file gets the
+    plain-open mode, is fsynced and renamed over ``path``; otherwise it is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    tmp = Path(name)
     try:
-        os.fchmod(fd, open_mode(path))
-        with os.fdopen(fd, mode, **kwargs) as handle:  # type: ignore[call-overload]
-            yield handle
-            handle.flush()
+        yield fd, tmp
+        os.chmod(tmp, open_mode(path))
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
@@ -53,6 +54,13 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: object)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: object) -> Iterator[IO]:
+    """Open a temporary sibling of ``path`` for writing; rename it over ``path`` on success."""
+    with _replacing(Path(path)) as (fd, _), os.fdopen(fd, mode, **kwargs) as handle:  # type: ignore[call-overload]
+        yield handle
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -72,21 +80,9 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[Path], Non
 
     The temporary name keeps the final suffix so suffix-sensitive writers behave.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        os.chmod(tmp, open_mode(path))
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with _replacing(Path(path)) as (fd, tmp):
+        os.close(fd)
+        writer(tmp)
 
 
 def _fsync_dir(folder: Path) -> None:
