@@ -15,9 +15,11 @@ dotted key and the closest valid key or the expected type.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -300,6 +302,21 @@ def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
     return Experiment(cfg, data_params, model_params, base_dir)
 
 
+@contextlib.contextmanager
+def blame_overrides(overrides: list[str] | None, source: str) -> Iterator[None]:
+    """A config error about a key set on the command line names that override, not ``source``."""
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        for override in reversed(overrides or []):
+            key = override.partition("=")[0].strip()
+            rest = text.removeprefix(f"{source}: ")
+            if rest != text and (rest.startswith((f"{key}:", f"{key}.")) or f"'{key}'" in rest):
+                raise ConfigError(f"command line '{override}': {rest}") from None
+        raise
+
+
 def load(path: str | Path, overrides: list[str] | None = None) -> Experiment:
     """Load, override and validate an experiment YAML."""
     path = Path(path)
@@ -309,11 +326,13 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Experiment:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     raw = apply_overrides(raw, overrides or [])
-    return validate(raw, base_dir=path.resolve().parent, source=str(path))
+    with blame_overrides(overrides, str(path)):
+        return validate(raw, base_dir=path.resolve().parent, source=str(path))
 
 
 def from_dict(raw: dict[str, Any], base_dir: Path, overrides: list[str] | None = None, *, source: str = "checkpoint config") -> Experiment:
     """Validate a resolved config stored in a checkpoint or run folder."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
-    return validate(apply_overrides(raw, overrides or []), base_dir=base_dir, source=source)
+    with blame_overrides(overrides, source):
+        return validate(apply_overrides(raw, overrides or []), base_dir=base_dir, source=source)

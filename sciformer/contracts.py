@@ -96,7 +96,7 @@ class PredictOptions:
     category: str | None = None  # part segmentation: the shape's category, e.g. Airplane (--category)
     labels: str | None = None  # hyperspectral: a ground-truth label map for the figure and metrics (--labels)
 
-    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",
+    FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",  # noqa: RUF012
              "probabilities": "--probabilities", "columns": "--columns", "category": "--category", "labels": "--labels"}
 
     def __post_init__(self) -> None:

@@ -62,7 +62,11 @@ from sciformer.data.pointcloud.export import (
     write_point_predictions,
 )
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
-from sciformer.data.pointcloud.predict_file import predict_cloud, read_cloud, require_features
+from sciformer.data.pointcloud.predict_file import (
+    predict_cloud,
+    read_cloud,
+    require_features,
+)
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
     SceneEvalDataset,

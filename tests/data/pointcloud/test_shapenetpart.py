@@ -122,3 +122,37 @@ def test_label_outside_category_parts(root: Path, ctx: BuildContext) -> None:
     with pytest.raises(DataError) as e:
         task.dataset("test")[0]
     assert path.name in str(e.value) and "outside Airplane parts 0..3" in str(e.value)
+
+
+def test_file_predictor_restricts_to_the_category(root: Path, ctx: BuildContext, tmp_path: Path, one_line_error) -> None:
+    """Today: "dataset 'shapenetpart' has no file predictor"."""
+    from sciformer.contracts import PredictOptions
+    from sciformer.data.pointcloud.io import read_point_file
+    from sciformer.data.pointcloud.shapenetpart import predict_shapenetpart_file
+
+    assert DATASETS.get("shapenetpart").predictor is predict_shapenetpart_file
+    cfg = ShapeNetPartConfig(root=str(root))
+    state = build_shapenetpart(cfg, ctx).state()
+    bag = min((root / "02773838").glob("*.txt"))  # a Bag in its synset folder
+    table = np.loadtxt(bag)  # (50, 7) x y z nx ny nz part
+
+    def oracle(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        assert batch["category"].tolist() == [1] and batch["feat"].shape == (50, 6)
+        logits = torch.zeros(len(batch["coord"]), 50)
+        logits[:, 49] = 9.0  # a Table part everywhere: outside the Bag's parts
+        logits[:, 4] = (batch["coord"][:, 0] > 0).float() * 2  # Bag part 4 where x > 0, else part 5
+        logits[:, 5] = 1.0
+        return logits
+
+    out = predict_shapenetpart_file(cfg, state, oracle, bag, tmp_path / "bag.ply", 1)
+    ply = read_point_file(out)
+    np.testing.assert_array_equal(ply["pred"], np.where(table[:, 0] > 0, 4, 5))
+    np.testing.assert_array_equal(ply["label"], table[:, 6].astype(int))
+    assert "comment class 4 bag_0" in out.read_bytes()[:1500].decode()
+    elsewhere = tmp_path / "shape.txt"
+    elsewhere.write_bytes(bag.read_bytes())
+    with pytest.raises(DataError) as err:
+        predict_shapenetpart_file(cfg, state, oracle, elsewhere, tmp_path / "x.npy", 1)
+    one_line_error(err, "cannot tell the shape's category", "--category")
+    pred = predict_shapenetpart_file(cfg, state, oracle, elsewhere, tmp_path / "x.npy", 1, options=PredictOptions(category="bag"))
+    np.testing.assert_array_equal(np.load(pred), ply["pred"])
