@@ -70,11 +70,14 @@ def test_forward_backward(name: str) -> None:
 @pytest.mark.parametrize("name", SPECTRAL)
 def test_one_model_any_band_count(name: str) -> None:
     model = build(name).eval()
-    for bands in (30, 103, 144, 200):
-        assert model(batch(2, bands)).shape == (2, 4)
-    # the weights of a model built for one band count load into one built for another
+    outputs = {bands: model(batch(2, bands)) for bands in (30, 103, 144, 200)}
+    assert all(out.shape == (2, 4) and torch.isfinite(out).all() for out in outputs.values())
+    # the weights of a model built for one band count load into one built for another, and predict the same
     other = build(name, wavelengths=torch.linspace(400, 2500, 200))
     other.load_state_dict(model.state_dict())
+    torch.manual_seed(0)
+    b = batch(2, 30)  # 30 bands: the 200 build-time wavelengths do not apply, both use band indices
+    torch.testing.assert_close(other.eval()(b), model(b))
 
 
 @pytest.mark.parametrize("name", SPECTRAL)
@@ -120,9 +123,13 @@ def test_wavelength_positions(name: str) -> None:
 )
 def test_variants(name: str, overrides: dict[str, Any]) -> None:
     model = build(name, **overrides)
-    logits = model(batch(2, 17))
-    assert logits.shape == (2, 4)
+    b = batch(3, 17)
+    logits = model(b)
+    assert logits.shape == (3, 4) and torch.isfinite(logits).all()
     logits.sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []  # every part of the variant is used
+    model.eval()  # samples stay independent of each other in every variant
+    torch.testing.assert_close(model(b)[1:2], model({"patch": b["patch"][1:2]}), rtol=1e-4, atol=1e-5)
 
 
 def test_spectral_spatial_uses_spatial_context() -> None:
