@@ -30,6 +30,7 @@ from sciformer.data.hsi.readers import (
     read_scene,
 )
 from sciformer.errors import DataError
+from sciformer.utils.progress import progress
 
 PREDICT_SUFFIXES = (".npy", ".png", ".hdr", ".img", *GEOTIFF_SUFFIXES)
 
@@ -121,7 +122,20 @@ def predict_hsi_file(
             batch["wavelength"] = wavelength
         return batch
 
-    ids = predict_scene(predict, padded, patch_size, batch_size, make_batch=make_batch)  # (H, W)
+    h, w = scene.cube.shape[:2]
+    bar: Any = progress(iter(()), input_path.name, total=-(-h * w // max(1, batch_size)))  # a bar on a terminal only
+
+    def counted(batch: Batch) -> torch.Tensor:
+        logits = predict(batch)
+        if hasattr(bar, "update"):
+            bar.update(1)
+        return logits
+
+    try:
+        ids = predict_scene(counted, padded, patch_size, batch_size, make_batch=make_batch)  # (H, W)
+    finally:
+        if hasattr(bar, "close"):
+            bar.close()
     label_map = ids + 1
     if options.labels is not None:
         s = map_scores(label_map, scene.gt, len(class_names))
