@@ -60,6 +60,7 @@ from sciformer.data.hsi.readers import (
 from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS
+from sciformer.utils.atomic import atomic_write_text, atomic_write_with
 
 # ----------------------------------------------------------------------------- building
 
@@ -267,8 +268,8 @@ class HSISceneTask(TaskData):
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         maps = {k: v.astype(np.int16 if v.max() < 2**15 else np.int64) for k, v in self.split.maps().items()}
-        np.savez_compressed(run_dir / "splits.npz", **maps)
-        (run_dir / "protocol.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
+        atomic_write_with(run_dir / "splits.npz", lambda tmp: np.savez_compressed(tmp, **maps))
+        atomic_write_text(run_dir / "protocol.json", json.dumps(self.describe(), indent=2) + "\n")
 
     def export_predictions(
         self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test", score: ScoreFn | None = None

@@ -39,7 +39,7 @@ from sciformer.data.transforms import (
     index_points,
 )
 from sciformer.errors import DataError
-from sciformer.utils.atomic import atomic_write_text
+from sciformer.utils.atomic import atomic_write_text, atomic_write_with
 
 
 def check_eval_transform_specs(specs: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -261,7 +261,7 @@ def scene_predictions(
         if out_dir is not None:
             name = dataset.source.name(s)
             if write_npy:
-                np.save(out_dir / f"{name}_pred.npy", pred)
+                atomic_write_with(out_dir / f"{name}_pred.npy", lambda tmp, pred=pred: np.save(tmp, pred))
             if write_ply_files:
                 write_ply(out_dir / f"{name}.ply", np.asarray(full["coord"]), full.get("colour"),
                           pred=pred.astype(np.int32), label=label.astype(np.int32))
