@@ -81,12 +81,12 @@ def test_envi_map_carries_map_info(scene: dict[str, Path], tmp_path: Path) -> No
 
 
 def test_geotiff_cube_in_envi_map_out(scene: dict[str, Path], tmp_path: Path) -> None:
-    from rasterio.transform import from_origin
+    from rasterio.transform import Affine
 
     cube = scipy.io.loadmat(scene["cube"])["cube"]  # (H, W, B)
     tif = tmp_path / "cube.tif"
     with rasterio.open(tif, "w", driver="GTiff", height=20, width=24, count=9, dtype="float32",
-                       crs="EPSG:32633", transform=from_origin(400000.0, 5000000.0, 10.0, 10.0)) as dst:
+                       crs="EPSG:32633", transform=Affine(10.0, 0.0, 400000.0, 0.0, -10.0, 5000000.0)) as dst:
         dst.write(np.moveaxis(cube, -1, 0))
     assert predict(scene, tif, tmp_path / "out.hdr") == 0
     header = envi.read_envi_header(str(tmp_path / "out.hdr"))
@@ -110,11 +110,11 @@ def test_labels_give_the_truth_panel_and_scores(scene: dict[str, Path], tmp_path
 
 def test_train_from_geotiff_cube_and_label_map(tmp_path: Path) -> None:
     """A GeoTIFF cube and a single-band GeoTIFF label map train like any scene file."""
-    from rasterio.transform import from_origin
+    from rasterio.transform import Affine
 
     cube, gt, _ = make_hsi_scene(h=16, w=16, bands=6, classes=2, block=4)
     profile = {"driver": "GTiff", "height": 16, "width": 16, "crs": "EPSG:32633",
-               "transform": from_origin(400000.0, 5000000.0, 10.0, 10.0)}
+               "transform": Affine(10.0, 0.0, 400000.0, 0.0, -10.0, 5000000.0)}
     with rasterio.open(tmp_path / "cube.tif", "w", count=6, dtype="float32", **profile) as dst:
         dst.write(np.moveaxis(cube.astype(np.float32), -1, 0))
     with rasterio.open(tmp_path / "gt.tif", "w", count=1, dtype="uint8", **profile) as dst:
