@@ -238,6 +238,21 @@ def _open_lan(path: Path) -> Container:
     return _spy_to_container(path, img)
 
 
+def _open_geotiff(path: Path) -> Container:
+    """A GeoTIFF as a one-array container: several bands are a cube (H, W, B), one band a label
+    map (H, W); pixels are read on first use."""
+    from sciformer.data.hsi.geotiff import geotiff_layout, read_geotiff  # rasterio is optional
+
+    shape, kind = geotiff_layout(path)
+    arr_shape = shape[:2] if shape[2] == 1 else shape
+
+    def load(_key: str) -> np.ndarray:
+        data, _ = read_geotiff(path)  # (H, W, B)
+        return data[:, :, 0] if len(arr_shape) == 2 else data
+
+    return Container(path, {path.stem: ArrayInfo(arr_shape, kind)}, load)
+
+
 def _envi_header_for(path: Path) -> Path | None:
     for cand in (Path(str(path) + ".hdr"), path.with_suffix(".hdr"), path.with_suffix(".HDR")):
         if cand.is_file() and cand != path:
@@ -265,9 +280,7 @@ def open_container(path: str | os.PathLike[str]) -> Container:
     if suffix in LAN_SUFFIXES:
         return _open_lan(p)
     if suffix in (".tif", ".tiff"):
-        from sciformer.data.hsi.geotiff import open_geotiff_container
-
-        return open_geotiff_container(p)
+        return _open_geotiff(p)
     header = _envi_header_for(p)
     if header is not None:
         return _open_envi(header, p)

@@ -150,25 +150,14 @@ def read_geotiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, An
     return data, georef
 
 
-def open_geotiff_container(path: Path) -> Any:
-    """A GeoTIFF as a one-array hyperspectral container: several bands are a cube (H, W, B),
-    one band a label map (H, W); pixels are read on first use."""
-    from sciformer.data.hsi.containers import ArrayInfo, Container
-
+def geotiff_layout(path: Path) -> tuple[tuple[int, int, int], str]:
+    """(height, width, bands) and the numpy dtype kind of a GeoTIFF, read from its header only."""
     rasterio = _rasterio()
     try:
         with rasterio.open(path) as src:
-            shape = (int(src.height), int(src.width), int(src.count))
-            kind = np.dtype(src.dtypes[0]).kind
+            return (int(src.height), int(src.width), int(src.count)), np.dtype(src.dtypes[0]).kind
     except rasterio.errors.RasterioError as exc:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
-    arr_shape = shape[:2] if shape[2] == 1 else shape
-
-    def load(_key: str) -> np.ndarray:
-        data, _ = read_geotiff(path)  # (H, W, B)
-        return data[:, :, 0] if len(arr_shape) == 2 else data
-
-    return Container(path, {path.stem: ArrayInfo(arr_shape, kind)}, load)
 
 
 def georef_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
