@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -370,6 +371,127 @@ def bench_grid(bench: Bench, n: int, device: str, rng: np.random.Generator) -> N
     bench.measure()
 
 
+# --------------------------------------------------------------------------- real data
+
+
+def real_clouds(root, rng: np.random.Generator, tiles: int) -> list[tuple[str, np.ndarray]]:
+    """(name, points) of the largest LAS/LAZ tiles and the SemanticKITTI scans, each in file
+    order and shuffled, then uniform random 100k; float32, shifted to the cloud's minimum
+    corner (as the datasets feed them)."""
+    from pathlib import Path
+
+    from sciformer.data.pointcloud.io import read_point_file
+
+    out: list[tuple[str, np.ndarray]] = []
+    found = []
+    for path in sorted(Path(root, "lidar").glob("*.la[sz]")):
+        coord = np.asarray(read_point_file(path)["coord"], dtype=np.float64)
+        found.append((len(coord), path.name, coord))
+    found.sort(key=lambda t: -t[0])
+    scans = [(p.name.removesuffix("_points.npy"), np.load(p).astype(np.float64))
+             for p in sorted(Path(root, "semantickitti_scans").glob("*_points.npy"))]
+    for name, coord in [(n, c) for _, n, c in found[:tiles]] + scans:
+        pts = np.ascontiguousarray((coord[:, :3] - coord[:, :3].min(axis=0)).astype(np.float32))
+        out.append((f"{name} (file order)", pts))
+        out.append((f"{name} (shuffled)", np.ascontiguousarray(pts[rng.permutation(len(pts))])))
+    out.append(("uniform random", rng.random((100_000, 3), dtype=np.float32)))
+    return out
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, float], dict[str, object]]:
+    """Median seconds of each function over ``repeats`` round-robin runs (after one warm-up)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    last = {name: fn() for name, fn in fns.items()}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            last[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}, last
+
+
+def same_rows(ours: torch.Tensor, theirs: np.ndarray) -> str:
+    """Share of rows with the same neighbour set (ties at the k-th distance may differ)."""
+    a, b = np.sort(ours.numpy(), axis=1), np.sort(theirs.astype(np.int64), axis=1)
+    return f"{100 * (a == b).all(axis=1).mean():.2f}%"
+
+
+def bench_real_knn(root, repeats: int, tiles: int, rng: np.random.Generator) -> list[list[str]]:
+    """kNN (k=16, self-query) on real clouds and a ModelNet10 batch, sciformer vs pykdtree vs scipy."""
+    from pykdtree.kdtree import KDTree
+    from scipy.spatial import cKDTree
+    from threadpoolctl import threadpool_limits
+
+    rows = []
+    threads = torch.get_num_threads()
+    for name, pts in real_clouds(root, rng, tiles):
+        print(f"# measuring kNN on {name} ...", file=sys.stderr, flush=True)
+        x = torch.from_numpy(pts)
+        med, last = interleaved({
+            "sciformer": lambda: knn(x, None, K).index,
+            "pykdtree": lambda: KDTree(pts, leafsize=16).query(pts, k=K)[1],
+            "scipy": lambda: cKDTree(pts, leafsize=16).query(pts, k=K, workers=threads)[1],
+        }, repeats)
+        rows.append([f"kNN k={K}, {name}", f"{len(pts)}", str(threads), *fmt_times(med), same_rows(last["sciformer"], last["pykdtree"])])
+    h5 = os.path.join(root, "modelnet10_hdf5_1024", "ply_data_train0.h5")
+    import h5py
+
+    with h5py.File(h5, "r") as f:
+        batch = np.asarray(f["data"][:32], dtype=np.float32)  # (32, 1024, 3)
+    clouds = [np.ascontiguousarray(c) for c in batch]
+    x, offset = torch.from_numpy(batch.reshape(-1, 3)), torch.arange(1, 33) * batch.shape[1]
+    for t in (1, 2):
+        print(f"# measuring kNN on the ModelNet10 batch, {t} thread(s) ...", file=sys.stderr, flush=True)
+        torch.set_num_threads(t)
+        with threadpool_limits(t, user_api="openmp"):  # pykdtree gets the same threads
+            med, last = interleaved({
+                "sciformer": lambda: knn(x, None, K, offset).index,
+                "pykdtree": lambda: np.concatenate(
+                    [KDTree(c, leafsize=16).query(c, k=K)[1].astype(np.int64) + 1024 * b for b, c in enumerate(clouds)]),
+                "scipy": lambda: np.concatenate(
+                    [cKDTree(c, leafsize=16).query(c, k=K, workers=t)[1] + 1024 * b for b, c in enumerate(clouds)]),
+            }, repeats)
+        rows.append([f"kNN k={K}, ModelNet10 batch 32 x 1024 (one call vs a loop over clouds)", "32768", str(t),
+                     *fmt_times(med), same_rows(last["sciformer"], last["pykdtree"])])
+    torch.set_num_threads(threads)
+    return rows
+
+
+def fmt_times(med: dict[str, float]) -> list[str]:
+    """sciformer, reference peer, scipy ("-" if none) and sciformer / reference peer."""
+    ours, peer, *rest = med.values()
+    return [f"{ours:.4f}", f"{peer:.4f}", f"{rest[0]:.4f}" if rest else "-", f"**{ours / peer:.2f}x**"]
+
+
+def bench_real_fps(root, repeats: int, tiles: int, rng: np.random.Generator) -> list[list[str]]:
+    """FPS to N/4 from index 0 on the largest LiDAR tiles, sciformer vs fpsample's bucket FPS."""
+    import fpsample
+
+    rows = []
+    for name, pts in [c for c in real_clouds(root, rng, tiles) if "(file order)" in c[0]][:tiles]:
+        print(f"# measuring FPS on {name} ...", file=sys.stderr, flush=True)
+        x, m = torch.from_numpy(pts), len(pts) // 4
+        height = int(min(max(round(np.log2(len(pts)) / 2 - 1), 1), np.floor(np.log2(len(pts)))))
+        med, last = interleaved({
+            "sciformer": lambda: fps(x, n=m, start=0).index,
+            "fpsample": lambda: fpsample.bucket_fps_kdline_sampling(pts, m, height, start_idx=0),
+        }, repeats)
+        theirs = last["fpsample"].astype(np.int64)  # starts where its KD reordering put index 0
+        ours = fps(x, n=m, start=int(theirs[0])).index.numpy()
+        first = int(np.argmax(ours != theirs)) if not np.array_equal(ours, theirs) else m
+        same = "identical" if first == m else f"first {first} equal (float32 near-tie), " + (
+            "same set" if np.array_equal(np.sort(ours), np.sort(theirs)) else "sets differ")
+        rows.append([f"FPS {name} -> N/4", f"{len(pts)}", str(torch.get_num_threads()), *fmt_times(med), same])
+    return rows
+
+
+def print_real(rows: list[list[str]]) -> None:
+    print("| case | points | threads | sciformer (s) | pykdtree / fpsample (s) | scipy cKDTree (s) | sciformer / peer | agrees |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -393,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 repeat, 1 s per method, 10 s budget (1M rows still run)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per measurement, best kept (default 3, quick 1)")
     parser.add_argument("--budget", type=float, default=None, help="skip peers estimated slower than this (s; default 30, quick 10)")
-    parser.add_argument("--only", nargs="+", choices=["knn", "fps", "grid"], default=["knn", "fps", "grid"])
+    parser.add_argument("--only", nargs="+", choices=["knn", "fps", "grid", "real"], default=["knn", "fps", "grid", "real"])
+    parser.add_argument("--real-repeats", type=int, default=None, help="interleaved runs per real-data case, median kept (default 7, quick 3)")
+    parser.add_argument("--tiles", type=int, default=2, help="how many of the largest LiDAR tiles (default 2)")
     parser.add_argument("--knn-sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--fps-sizes", type=int, nargs="+", default=[10_000, 80_000])
     parser.add_argument("--grid-size", type=int, default=1_000_000)
@@ -418,8 +542,25 @@ def main(argv: list[str] | None = None) -> int:
             bench_fps(bench, sorted(args.fps_sizes), device, rng)
         if "grid" in args.only:
             bench_grid(bench, args.grid_size, device, rng)
-    print()
-    bench.print_table()
+    real: list[list[str]] = []
+    if "real" in args.only:
+        from sciformer.contracts import default_data_root
+
+        root = default_data_root()
+        if not (root / "lidar").is_dir():
+            print(f"# real-data cases skipped: no {root / 'lidar'} (set SCIFORMER_DATA)")
+        else:
+            rng = np.random.default_rng(0)
+            real_repeats = args.real_repeats or (3 if args.quick else 7)
+            real = bench_real_knn(root, real_repeats, args.tiles, rng)
+            if has("fpsample"):
+                real += bench_real_fps(root, real_repeats, args.tiles, rng)
+    if bench.rows:
+        print()
+        bench.print_table()
+    if real:
+        print()
+        print_real(real)
     sys.stdout.flush()
     return 0
 

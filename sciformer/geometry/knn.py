@@ -224,7 +224,11 @@ def _drop_self(index: torch.Tensor, dist: torch.Tensor) -> tuple[torch.Tensor, t
 def _apply_fill(
     index: torch.Tensor, dist: torch.Tensor, fill: str, caller: str, k: int, radius: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if index.numel() == 0 or not bool((index[:, -1] < 0).any()):  # rows are sorted: missing at the end
+    if index.numel() == 0:
+        return index, dist
+    last = index[:, -1]  # rows are sorted: missing entries at the end
+    # numpy on CPU: one thread, no stall where torch's thread pool waits for a busy core
+    if not bool((last.numpy() < 0).any() if last.device.type == "cpu" else (last < 0).any()):
         return index, dist
     missing = index < 0
     if fill == "error":

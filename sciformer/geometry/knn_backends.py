@@ -109,7 +109,7 @@ def spatial_order(points: np.ndarray) -> np.ndarray:
 def is_scattered(points: np.ndarray) -> bool:
     """Whether Morton order would bring consecutive points much closer together.
 
-    Compares, on up to 3 blocks of 1024 consecutive points, the median distance between
+    Compares, on 3 blocks of 1024 consecutive points, the median distance between
     consecutive points as stored with the same block in Morton order. Coherent orders (scan
     lines of an airborne tile, a grid) give about 1; shuffled points, spinning-LiDAR scans
     stored beam by beam and uniform samples give 10 and more.
@@ -117,18 +117,21 @@ def is_scattered(points: np.ndarray) -> bool:
     Shapes:
         points: (N, D)
     """
-    n = points.shape[0]
-    if n < _SORT_MIN:
+    n, size = points.shape[0], _SCATTER_BLOCK
+    if n < max(_SORT_MIN, 3 * size):
         return False
-    size = min(n, _SCATTER_BLOCK)
-    ratios = []
-    for start in np.linspace(0, n - size, num=min(3, n // size)).astype(np.int64):
-        block = points[start : start + size, :3].astype(np.float64)  # (size, <=3)
-        stored = np.median(np.square(np.diff(block, axis=0)).sum(axis=1))
-        ordered = block[spatial_order(block)]
-        curve = np.median(np.square(np.diff(ordered, axis=0)).sum(axis=1))
-        ratios.append(stored / curve if curve > 0 else (np.inf if stored > 0 else 1.0))
-    return float(np.median(ratios)) > _SCATTER_RATIO**2  # squared distances
+    rows = np.linspace(0, n - size, num=3).astype(np.int64)[:, None] + np.arange(size)  # (3, S)
+    blocks = points[rows, :3].astype(np.float64)  # (3, S, <=3)
+    lo = blocks.min(axis=1, keepdims=True)  # (3, 1, <=3)
+    extent = (blocks.max(axis=1, keepdims=True) - lo).max(axis=2, keepdims=True)  # (3, 1, 1)
+    cells = ((blocks - lo) * (((1 << _CODE_BITS) - 1) / np.maximum(extent, 1e-30))).astype(np.int64)
+    np.clip(cells, 0, (1 << _CODE_BITS) - 1, out=cells)
+    code = (_SPREAD[cells] << np.arange(cells.shape[2])).sum(axis=2)  # (3, S): disjoint bits
+    ordered = np.take_along_axis(blocks, np.argsort(code, axis=1, kind="stable")[..., None], axis=1)
+    stored = np.median(np.square(np.diff(blocks, axis=1)).sum(axis=2), axis=1)  # (3,) squared
+    curve = np.median(np.square(np.diff(ordered, axis=1)).sum(axis=2), axis=1)
+    ratio = np.where(curve > 0, stored / np.maximum(curve, 1e-300), np.where(stored > 0, np.inf, 1.0))
+    return float(np.median(ratio)) > _SCATTER_RATIO**2
 
 
 # --------------------------------------------------------------------------- threads

@@ -68,6 +68,21 @@ def test_fpsample_backend_is_exact_on_larger_cloud():
 
 
 @needs_fpsample
+def test_kdline_replay_finds_where_fpsample_puts_the_start():
+    """The replay itself is right (not rescued by the fallback), deep trees and scan order too."""
+    import fpsample
+
+    rng = np.random.default_rng(5)
+    xs, ys = np.meshgrid(np.linspace(0, 50, 120), np.linspace(0, 30, 100))
+    scan = np.stack([xs.ravel(), ys.ravel(), rng.normal(size=xs.size)], axis=1).astype(np.float32)
+    for pts in (rng.random((20_000, 3)).astype(np.float32), scan):
+        for height in (1, 4, 7):
+            for start in (0, 5, len(pts) // 2, len(pts) - 1):
+                at = fps_module._kdline_position(pts, height, start)
+                assert int(fpsample.bucket_fps_kdline_sampling(pts, 2, height, start_idx=at)[0]) == start
+
+
+@needs_fpsample
 def test_fpsample_start_fallback_when_replay_is_wrong(monkeypatch):
     rng = np.random.default_rng(4)
     pts = rng.random((500, 3)).astype(np.float32)
