@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file, or a run folder (its checkpoints/best.pt)")
     predict.add_argument("--input", "-i", required=True, action="append", metavar="PATH",
                          help="input file, folder or quoted glob (repeatable); the model loads once for all")
-    predict.add_argument("--output", "-o", required=True, type=Path,
-                         help="output file (its suffix picks the format), or a folder for several inputs")
+    predict.add_argument("--output", "-o", required=True,
+                         help="output file (its suffix picks the format), or a folder (several inputs, or a path ending in /)")
     predict.add_argument("--format", metavar="SUFFIX", help="output format for a folder output, e.g. ply, laz, npz, tif")
     predict.add_argument("--overwrite", action="store_true", help="replace existing output files (never an input)")
     predict.add_argument("--batch-size", type=int, help="inference batch size (default: evaluation.batch_size)")
@@ -171,6 +171,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     inputs = expand_inputs(args.input)
     many = len(args.input) > 1 or any(Path(spec).expanduser().is_dir() or not Path(spec).expanduser().exists() for spec in args.input)
     # Every output path is checked against every format any dataset writes before anything loads ...
+    many = many or args.output.endswith(("/", os.sep))  # 'preds/': a folder, even for one input
+    args.output = Path(args.output)
     plan_outputs(inputs, args.output, prediction_suffixes(None), fmt=args.format, overwrite=args.overwrite, many=many)
     with torch.no_grad():
         return _predict(args, inputs, many, options)

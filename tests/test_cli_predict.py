@@ -131,6 +131,8 @@ def test_folder_and_glob_inputs_load_the_model_once(run: Path, scans: Path, tmp_
         assert np.load(out / f"seq01_00000{i}_points.npy").shape == (len(np.load(scans / f"seq01_00000{i}_points.npy")),)
     assert predict(run, "-i", str(scans), "-o", str(tmp_path / "one.ply")) == 2  # a folder of inputs needs a folder output
     assert "need an output folder" in capsys.readouterr().err
+    assert predict(run, "-i", str(scans / "demo_000700_points.npy"), "-o", f"{tmp_path / 'single'}/", "--format", "ply") == 0
+    assert [p.name for p in (tmp_path / "single").iterdir()] == ["demo_000700_points.ply"]  # 'DIR/': into the folder
 
 
 def test_raw_bin_scan_needs_its_columns(run: Path, scans: Path, tmp_path: Path, capsys) -> None:

@@ -5,7 +5,6 @@ the ``batch -> logits`` function that evaluation, export and ``sciformer predict
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +136,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
     output that is one of the inputs (always).
     """
-    folder = many or len(inputs) > 1 or str(output).endswith(os.sep)
+    folder = many or len(inputs) > 1
     if not folder and output.is_dir():
         raise SciformerError(f"--output '{output}' is a directory; expected a file path (its suffix picks the format), "
                              "or end it with '/' to write into the folder")
