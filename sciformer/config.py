@@ -106,7 +106,10 @@ class TrainConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_workers: int = Field(0, ge=0, le=256)
-    threads: int | None = Field(None, ge=1, le=4096)  # torch intra-op threads; None keeps torch's default
+    threads: int | None = Field(None, ge=1, le=4096, description=(  # torch intra-op threads
+        "torch intra-op threads; null: the measured best for the cores at hand, 1 on 1-2 cores "
+        "(one thread trained every model measured 1.24-3x faster per step than two there; "
+        "benchmarks/bench_cpu_threads.py), torch's default on more cores (not measured)"))
     val_every: int = Field(1, ge=1, le=MAX_EPOCHS)
     monitor: str = "oa"  # validation metric that chooses best.pt (loss is minimised)
     early_stop_patience: int | None = Field(None, ge=1, le=MAX_EPOCHS)  # validations without improvement

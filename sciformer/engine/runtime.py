@@ -44,6 +44,28 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919) % 2**31
 
 
+# Intra-op threads for ``train.threads: null``, by the cores this process may use. Measured
+# (benchmarks/bench_cpu_threads.py, benchmarks/README.md): on 2 cores one thread trained
+# every model measured 1.24-3x faster per step than two (small clouds and patches make many
+# small operations, whose OpenMP synchronisation costs more than a second core gains).
+# Other core counts are not measured and keep torch's own default.
+MEASURED_BEST_THREADS = {1: 1, 2: 1}
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(cores: int | None = None) -> int:
+    """Intra-op threads for ``train.threads: null``: the measured best for this many cores."""
+    cores = available_cores() if cores is None else cores
+    return MEASURED_BEST_THREADS.get(cores, torch.get_num_threads())
+
+
 def environment(device: torch.device, seed: int) -> dict[str, Any]:
     """Versions, device and seed recorded in every run folder."""
     info: dict[str, Any] = {
