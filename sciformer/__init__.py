@@ -1,5 +1,37 @@
-"""sciformer: Transformers for 3D point clouds and hyperspectral image cubes."""
+"""sciformer: Transformers for 3D point clouds and hyperspectral image cubes.
+
+``import sciformer`` stays cheap (no torch); the Python API loads on first use:
+:func:`load` (a trained run -> a predictor of arrays and files), :func:`train` (an
+experiment -> a run folder and its metrics), and the dataset classes ``ModelNet``,
+``S3DIS``, ``ShapeNetPart``, ``LasTiles`` and ``HyperspectralScene``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+# Public names -> the module that defines them, imported on first access (PEP 562).
+_LAZY = {
+    "load": "sciformer.api", "train": "sciformer.api", "Predictor": "sciformer.api", "Prediction": "sciformer.api",
+    "TrainResult": "sciformer.api",
+    "ModelNet": "sciformer.data.classes", "S3DIS": "sciformer.data.classes", "ShapeNetPart": "sciformer.data.classes",
+    "LasTiles": "sciformer.data.classes", "HyperspectralScene": "sciformer.data.classes",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sciformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import sciformer
-from sciformer.errors import CheckpointError, ConfigError, SciformerError
+from sciformer.errors import SciformerError
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -76,54 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------- commands
 
 
-def _default_run_dir(name: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{name}-{stamp}"
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    from sciformer import config
-    from sciformer.engine.checkpoint import load_checkpoint
-    from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
-    from sciformer.engine.runfolder import RunFolderError, check_resume_config
+    from sciformer.engine.launch import prepare_training, run_training
     from sciformer.engine.signals import terminate_as_interrupt
-    from sciformer.engine.trainer import Trainer
 
     terminate_as_interrupt()  # SIGTERM before the first step or after the last: one line, exit 130
-    overrides = list(args.overrides)
-    if args.seed is not None:
-        overrides.append(f"train.seed={args.seed}")
-    state = None
-    if args.resume is not None:
-        state = load_checkpoint(args.resume)
-        ckpt_path = args.resume if args.resume.is_file() else args.resume / "checkpoints" / "last.pt"
-        missing = [k for k in RESUME_KEYS if k not in state]
-        if missing:
-            raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
-        exp = checkpoint_experiment(state, ckpt_path, overrides)
-        check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
-        run_dir = ckpt_path.resolve().parent.parent
-        if args.output_dir is not None and args.output_dir.resolve() != run_dir:
-            raise RunFolderError(f"--output-dir {args.output_dir} differs from the resumed run folder {run_dir}; drop --output-dir")
-        if args.config is not None:
-            print(f"note: --resume takes the config stored in the run; {args.config} is not read", file=sys.stderr)
-    else:
-        if args.config is None:
-            raise ConfigError("train needs --config PATH (or --resume RUN)")
-        exp = config.load(args.config, overrides)
-        run_dir = args.output_dir if args.output_dir is not None else _default_run_dir(exp.cfg.name)
-        if (run_dir / "checkpoints" / "last.pt").exists():
-            raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")
+    exp, run_dir, state = prepare_training(args.config, args.overrides, output_dir=args.output_dir,
+                                           resume=args.resume, seed=args.seed)
     if args.print_config:
         print(exp.to_yaml(), end="")
         return 0
-    from sciformer.engine.distributed import shutdown
-
-    trainer = Trainer(exp, run_dir, resume_state=state)
-    try:
-        trainer.fit()
-    finally:
-        shutdown(trainer.dist)
+    run_training(exp, run_dir, state)
     return 0
 
 

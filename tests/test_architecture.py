@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "sciformer.config": 6,
     "sciformer.engine": 7,
     "sciformer.cli": 8,
+    "sciformer.api": 8,  # the Python API: beside the command line, over the engine
     "sciformer.__main__": 9,
 }
 # Pairs (importer prefix, imported prefix) the issue names explicitly; implied by LAYERS, kept readable.

@@ -1,0 +1,292 @@
+"""The Python API: ``sciformer.load`` a trained run and predict arrays or files, ``sciformer.train`` a config.
+
+Both go through the code the command line runs: :func:`load` builds the model as
+``sciformer predict`` does and :meth:`Predictor.predict` hands every input to the
+dataset's own file predictor (arrays are first written to a temporary ``.npz`` / ``.npy``
+file), so the preprocessing (normalisation, grid sampling, chunking, test-time views) is
+the trained run's, exactly; :func:`train` is ``sciformer train``.
+
+Example::
+
+    import sciformer
+
+    result = sciformer.train("experiments/indian_pines_demo.yaml", ["train.epochs=2"], output_dir="runs/demo")
+    model = sciformer.load(result.run_dir)
+    pred = model.predict(cube)                    # (H, W, B) array -> labels (H, W), probabilities (H, W, C)
+    pred = model.predict("tile.laz", rotations=4)  # a file, with the options of ``sciformer predict``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sciformer.errors import DataError, SciformerError
+
+PathLike = str | os.PathLike[str]
+_POINT_FIELDS = ("colour", "normal", "intensity")  # per-point inputs a point file carries besides coordinates
+_FIELD_WIDTH = {"colour": 3, "normal": 3, "intensity": 1}
+
+
+@dataclass
+class Prediction:
+    """What :meth:`Predictor.predict` returns.
+
+    Attributes:
+        labels: class ids: (n,) per point (-1 where a point could not be classified, e.g.
+            NaN coordinates), (H, W) per pixel, or a 0-d array for a whole shape.
+        probabilities: class probabilities: (n, C), (H, W, C) or (C,), float32.
+        class_names: the C class names, in class-id order.
+        valid: (n,) bool for points (False where not classified); None otherwise.
+    """
+
+    labels: np.ndarray
+    probabilities: np.ndarray
+    class_names: list[str]
+    valid: np.ndarray | None = None
+
+    @property
+    def label_names(self) -> np.ndarray:
+        """``labels`` as class names ('' where not classified)."""
+        names = np.asarray([*self.class_names, ""], dtype=object)
+        return names[np.where(self.labels >= 0, self.labels, len(self.class_names))]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the run folder, its test metrics and per-epoch history."""
+
+    run_dir: Path
+    metrics: dict[str, Any]
+    best_epoch: int
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class Predictor:
+    """A trained model with its data state, ready to predict arrays or files (see :func:`load`)."""
+
+    def __init__(self, run_or_checkpoint: PathLike, device: str | None = None, overrides: Sequence[str] = ()) -> None:
+        from sciformer.engine.inference import load_for_inference, predict_fn
+        from sciformer.registry import DATASETS
+
+        self.source = Path(run_or_checkpoint)
+        self.experiment, state, self.model, self.device = load_for_inference(self.source, list(overrides), device)
+        self.data_state: dict[str, Any] = dict(state.get("data_state") or {})
+        self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
+        self.epoch = state.get("epoch")
+        name = self.experiment.cfg.data.name
+        self.entry = DATASETS.get(name, key="data.name")
+        if self.entry.predictor is None:
+            raise SciformerError(f"dataset '{name}' has no file predictor")
+        self._predict = predict_fn(self.model, self.device, self.experiment.cfg.train.amp)
+        self.batch_size = int(self.experiment.cfg.evaluation.batch_size)
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def class_names(self) -> list[str]:
+        return [str(n) for n in self.data_info.get("class_names", [])]
+
+    @property
+    def kind(self) -> str:
+        """``hsi`` (a cube -> a map), ``shape`` (a cloud -> one class) or ``points`` (a cloud -> a class per point)."""
+        if self.data_info.get("patch_size") is not None:
+            return "hsi"
+        suffixes = getattr(self.entry.predictor, "suffixes", ())
+        return "shape" if ".json" in suffixes else "points"
+
+    @property
+    def features(self) -> list[str]:
+        """Per-point features the model was trained with, in channel order (point models)."""
+        return [str(f) for f in self.data_state.get("features", [])]
+
+    def __repr__(self) -> str:
+        return (f"Predictor(model={self.experiment.cfg.model.name!r}, data={self.entry.name!r}, kind={self.kind!r}, "
+                f"classes={len(self.class_names)}, device={str(self.device)!r})")
+
+    # ------------------------------------------------------------------ predict
+    def predict(
+        self,
+        data: Any,
+        *,
+        features: Mapping[str, Any] | Any = None,
+        wavelengths: Sequence[float] | None = None,
+        batch_size: int | None = None,
+        **options: Any,
+    ) -> Prediction:
+        """Predict a file path, a point array (n, 3) or a hyperspectral cube (H, W, B).
+
+        ``features``: per-point inputs of a point array, as a dict (``colour`` (n, 3) in
+        [0, 1] or 0..255, ``normal`` (n, 3), ``intensity`` (n,)) or one (n, c) array in the
+        order of :attr:`features`. ``wavelengths`` (B,) in nm replace the training scene's
+        band positions for a cube (the band count must match). ``options``: those of
+        ``sciformer predict`` (:class:`sciformer.contracts.PredictOptions`: ``overlap``,
+        ``rotations``, ``flip``, ``votes``, ``category``, ``columns``, ``labels``).
+        """
+        import torch
+
+        from sciformer.contracts import PredictOptions
+
+        unknown = sorted(set(options) - set(PredictOptions.FLAGS) - {"probabilities"})
+        if unknown:
+            raise SciformerError(f"predict: unknown option(s) {', '.join(unknown)}; expected {', '.join(PredictOptions.FLAGS)}")
+        options.pop("probabilities", None)
+        batch_size = int(batch_size or self.batch_size)
+        with tempfile.TemporaryDirectory(prefix="sciformer-predict-") as tmp:
+            tmp_dir = Path(tmp)
+            if isinstance(data, (str, os.PathLike)):
+                if features is not None:
+                    raise SciformerError("predict: features= goes with a point array; a file carries its own")
+                input_path = Path(data)
+                if not input_path.is_file():
+                    raise DataError(f"{input_path}: no such file")
+            elif self.kind == "hsi":
+                input_path = self._write_cube(tmp_dir, data)
+            else:
+                input_path = self._write_points(tmp_dir, data, features)
+            state = dict(self.data_state)
+            if wavelengths is not None:
+                state["wavelengths"] = self._check_wavelengths(wavelengths, input_path)
+            opts = PredictOptions(probabilities=self.kind == "points", **options)
+            with torch.no_grad():
+                return self._run(state, input_path, tmp_dir, batch_size, opts)
+
+    def _run(self, state: dict[str, Any], input_path: Path, tmp_dir: Path, batch_size: int, options: Any) -> Prediction:
+        predictor, cfg = self.entry.predictor, self.experiment.data_params
+        assert predictor is not None
+        if self.kind == "hsi":
+            probs: list[Any] = []
+
+            def predict(batch: dict[str, Any]) -> Any:
+                logits = self._predict(batch)  # (n, C)
+                probs.append(logits.softmax(dim=1).cpu())
+                return logits
+
+            out = tmp_dir / "out_map.npy"
+            predictor(cfg, state, predict, input_path, out, batch_size, options=options)
+            label_map = np.load(out)  # (H, W) 0 = unclassified, 1..K
+            h, w = label_map.shape
+            import torch
+
+            stacked = torch.cat(probs).numpy().reshape(h, w, -1) if probs else np.zeros((h, w, len(self.class_names)), np.float32)
+            return Prediction(label_map.astype(np.int64) - 1, stacked.astype(np.float32), self.class_names)
+        if self.kind == "shape":
+            out = tmp_dir / "out_probs.npy"
+            predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)
+            prob = np.load(out).astype(np.float32)  # (C,)
+            return Prediction(np.asarray(int(prob.argmax()), dtype=np.int64), prob, self.class_names)
+        out = tmp_dir / "out_points.npz"
+        predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)
+        with np.load(out) as npz:
+            return Prediction(npz["pred"].astype(np.int64), npz["probabilities"].astype(np.float32),
+                              [str(n) for n in npz["class_names"]], valid=npz["valid"].astype(bool))
+
+    # ------------------------------------------------------------------ arrays -> files
+    def _write_cube(self, tmp_dir: Path, cube: Any) -> Path:
+        cube = _numpy(cube)
+        if cube.ndim != 3:
+            raise DataError(f"predict: a hyperspectral cube must be (H, W, B), got shape {cube.shape}")
+        path = tmp_dir / "cube.npy"
+        np.save(path, np.ascontiguousarray(cube))
+        return path
+
+    def _write_points(self, tmp_dir: Path, points: Any, features: Any) -> Path:
+        coord = _numpy(points)
+        if coord.ndim != 2 or coord.shape[1] != 3:
+            raise DataError(f"predict: points must be (n, 3) coordinates, got shape {coord.shape}; "
+                            "pass per-point inputs with features=")
+        arrays: dict[str, np.ndarray] = {"coord": coord.astype(np.float64)}
+        if isinstance(features, Mapping):
+            for key, value in features.items():
+                name = {"color": "colour", "rgb": "colour", "normals": "normal"}.get(key, key)
+                if name not in _POINT_FIELDS:
+                    raise DataError(f"predict: unknown feature '{key}'; expected one of {', '.join(_POINT_FIELDS)}")
+                arrays[name] = _numpy(value)
+        elif features is not None:
+            table = _numpy(features).reshape(len(coord), -1)  # (n, c)
+            wanted = [f for f in self.features if f in _POINT_FIELDS]
+            widths = [_FIELD_WIDTH[f] for f in wanted]
+            if table.shape[1] != sum(widths):
+                raise DataError(f"predict: features has {table.shape[1]} columns; the model takes "
+                                f"{' + '.join(f'{f} ({w})' for f, w in zip(wanted, widths, strict=True)) or 'none'}")
+            start = 0
+            for name, width in zip(wanted, widths, strict=True):
+                arrays[name] = table[:, start : start + width] if width > 1 else table[:, start]  # (n, 3) or (n,)
+                start += width
+        for name, value in arrays.items():
+            if len(value) != len(coord):
+                raise DataError(f"predict: feature '{name}' has {len(value)} rows, points have {len(coord)}")
+        path = tmp_dir / "points.npz"
+        np.savez(path, **arrays)
+        return path
+
+    def _check_wavelengths(self, wavelengths: Sequence[float], input_path: Path) -> list[float]:
+        values = [float(v) for v in np.asarray(wavelengths, dtype=np.float64).reshape(-1)]
+        bands = int(self.data_state.get("in_bands", len(values)))
+        if len(values) != bands:
+            raise DataError(f"predict: {len(values)} wavelengths given, the model takes {bands} bands")
+        if not all(np.isfinite(values)):
+            raise DataError("predict: wavelengths must be finite numbers (nm)")
+        return values
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def load(run_or_checkpoint: PathLike, device: str | None = None, overrides: Sequence[str] = ()) -> Predictor:
+    """A :class:`Predictor` for a run folder (its ``checkpoints/best.pt``) or a checkpoint file.
+
+    ``device``: ``cpu``, ``cuda``, ``cuda:N`` (default: the run's ``train.device``);
+    ``overrides``: dotted ``key=value`` changes, as ``sciformer predict`` takes them.
+    """
+    return Predictor(run_or_checkpoint, device=device, overrides=overrides)
+
+
+def _override_list(overrides: Sequence[str] | Mapping[str, Any] | None) -> list[str]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, str):
+        return [overrides]
+    return [str(o) for o in overrides]
+
+
+def train(
+    config: PathLike | Mapping[str, Any] | None = None,
+    overrides: Sequence[str] | Mapping[str, Any] | None = None,
+    *,
+    output_dir: PathLike | None = None,
+    seed: int | None = None,
+    resume: PathLike | None = None,
+    base_dir: PathLike | None = None,
+) -> TrainResult:
+    """Train an experiment exactly as ``sciformer train`` does; returns the run folder and its metrics.
+
+    ``config``: a YAML path or a dict of sections (relative paths in a dict resolve
+    against ``base_dir``, default the working folder). ``overrides``: ``["train.epochs=5"]``
+    or ``{"train.epochs": 5}``. ``output_dir``: the run folder (default
+    ``runs/<name>-<time>``). ``resume``: continue a stopped run instead.
+    """
+    from sciformer.engine.launch import prepare_training, run_training
+    from sciformer.engine.reporting import read_metrics_csv
+
+    source = dict(config) if isinstance(config, Mapping) else config
+    exp, run_dir, state = prepare_training(source, _override_list(overrides), output_dir=output_dir, resume=resume,
+                                           seed=seed, base_dir=base_dir)
+    result = run_training(exp, run_dir, state)
+    csv_path = Path(result.run_dir) / "metrics.csv"
+    history = read_metrics_csv(csv_path) if csv_path.is_file() else []
+    return TrainResult(Path(result.run_dir), dict(result.test or {}), int(result.best_epoch), history)
+
+
+__all__ = ["Prediction", "Predictor", "TrainResult", "load", "train"]

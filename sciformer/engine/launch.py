@@ -1,0 +1,96 @@
+"""Training from a config, one code path for ``sciformer train`` and ``sciformer.train``.
+
+:func:`prepare_training` resolves the experiment, the run folder and (for ``--resume``)
+the checkpoint state; :func:`run_training` trains it with the run's ``train.log``
+written beside its metrics and the report images (curves, confusion matrix) after.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sciformer import config
+from sciformer.config import Experiment
+from sciformer.errors import CheckpointError, ConfigError
+
+
+def default_run_dir(name: str) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>`` (relative to the working folder)."""
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_training(
+    config_source: str | Path | dict[str, Any] | None,
+    overrides: Sequence[str] = (),
+    *,
+    output_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    seed: int | None = None,
+    base_dir: str | Path | None = None,
+) -> tuple[Experiment, Path, dict[str, Any] | None]:
+    """The validated experiment, its run folder and the resumed checkpoint state (None for a new run).
+
+    ``config_source``: a YAML path, or a dict of sections (paths in it relative to
+    ``base_dir``, default the working folder). ``resume``: a run folder or checkpoint.
+    """
+    from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
+    from sciformer.engine.runfolder import RunFolderError, check_resume_config
+
+    overrides = [str(o) for o in overrides]
+    if seed is not None:
+        overrides.append(f"train.seed={seed}")
+    out = Path(output_dir) if output_dir is not None else None
+    if resume is not None:
+        resume = Path(resume)
+        state = load_checkpoint(resume)
+        ckpt_path = resume if resume.is_file() else resume / "checkpoints" / "last.pt"
+        missing = [k for k in RESUME_KEYS if k not in state]
+        if missing:
+            raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
+        exp = checkpoint_experiment(state, ckpt_path, overrides)
+        check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
+        run_dir = ckpt_path.resolve().parent.parent
+        if out is not None and out.resolve() != run_dir:
+            raise RunFolderError(f"--output-dir {out} differs from the resumed run folder {run_dir}; drop --output-dir")
+        if config_source is not None:
+            print(f"note: --resume takes the config stored in the run; {config_source} is not read", file=sys.stderr)
+        return exp, run_dir, state
+    if config_source is None:
+        raise ConfigError("train needs --config PATH (or --resume RUN)")
+    if isinstance(config_source, dict):
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        exp = config.from_dict(config_source, base, overrides, source="config dict")
+    else:
+        exp = config.load(config_source, overrides)
+    run_dir = out if out is not None else default_run_dir(exp.cfg.name)
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")
+    return exp, run_dir, None
+
+
+def run_training(exp: Experiment, run_dir: Path, state: dict[str, Any] | None = None) -> Any:
+    """Train ``exp`` into ``run_dir`` (continuing ``state``); returns the trainer's RunResult.
+
+    Everything printed meanwhile (and every warning) also goes to ``run_dir/train.log``;
+    ``curves.png`` and ``confusion_matrix.png`` are drawn at the end.
+    """
+    from sciformer.engine.distributed import shutdown
+    from sciformer.engine.reporting import RunLog, write_report
+    from sciformer.engine.trainer import Trainer
+
+    with RunLog() as run_log:
+        trainer = Trainer(exp, run_dir, resume_state=state)
+        try:
+            if trainer.dist.is_main:
+                run_log.attach(run_dir / "train.log", append=state is not None)
+            result = trainer.fit()
+        finally:
+            shutdown(trainer.dist)
+        if trainer.dist.is_main:
+            write_report(run_dir, quiet=True)
+    return result

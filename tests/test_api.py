@@ -1,0 +1,109 @@
+"""The Python API against the command line: ``sciformer.load(...).predict`` gives what
+``sciformer predict`` writes, and ``sciformer.train`` trains the run ``sciformer train`` does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from synthetic import make_hsi_scene, write_s3dis
+
+import sciformer
+from sciformer.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+HSI_YAML = ("name: api_hsi\ndata:\n  name: hsi_scene\n  source: cube.npy\n  label_path: gt.npy\n  patch_size: 3\n"
+            "  split: {kind: stratified, train_per_class: 8, val_fraction: 0.2}\n"
+            "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
+            "train: {epochs: 1, batch_size: 16, progress: never, threads: 1}\n")
+S3DIS_TINY = ["data.crop_points=100", "data.loop=2", "data.val_fraction=0.5", "train.epochs=1", "train.batch_size=2",
+              "train.threads=1", "train.progress=never", "model.channels=[8,16,32,64,128]", "export.ply=false",
+              "export.png=false"]
+
+
+@pytest.fixture(scope="module")
+def hsi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("api_hsi")
+    cube, gt, _ = make_hsi_scene(h=16, w=14, bands=9, classes=3, block=4)
+    np.save(root / "cube.npy", cube)
+    np.save(root / "gt.npy", gt)
+    (root / "tiny.yaml").write_text(HSI_YAML)
+    assert main(["train", "-c", str(root / "tiny.yaml"), "-o", str(root / "run")]) == 0
+    return {"root": root, "run": root / "run", "cube": root / "cube.npy", "yaml": root / "tiny.yaml"}
+
+
+@pytest.fixture(scope="module")
+def s3dis(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("api_s3dis")
+    folder = write_s3dis(root / "s3dis", {1: ["office_1", "office_2"], 5: ["office_3"]}, malformed=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "-c", str(ROOT / "experiments" / "s3dis_area5.yaml"), "-o", str(root / "run"),
+                     f"data.root={folder}", *S3DIS_TINY]) == 0
+    return {"run": root / "run", "room": folder / "Area_5" / "office_3" / "office_3.txt"}
+
+
+def test_import_sciformer_stays_cheap() -> None:
+    code = "import sys, sciformer; assert 'torch' not in sys.modules, 'torch imported'; sciformer.load; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert callable(sciformer.load) and callable(sciformer.train)
+
+
+def test_hsi_predict_equals_the_command_line(hsi: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "map.npy"
+    assert main(["predict", "--checkpoint", str(hsi["run"]), "-i", str(hsi["cube"]), "-o", str(out)]) == 0
+    cli_map = np.load(out)  # (H, W), 1..K
+    model = sciformer.load(hsi["run"], device="cpu")
+    assert model.kind == "hsi" and len(model.class_names) == 3
+    from_file = model.predict(hsi["cube"])
+    cube = np.load(hsi["cube"])
+    from_array = model.predict(torch.from_numpy(cube))
+    for pred in (from_file, from_array):
+        np.testing.assert_array_equal(pred.labels + 1, cli_map)
+        assert pred.probabilities.shape == (*cube.shape[:2], 3)
+        np.testing.assert_allclose(pred.probabilities.sum(axis=-1), 1.0, atol=1e-5)
+        np.testing.assert_array_equal(pred.probabilities.argmax(axis=-1), pred.labels)
+    np.testing.assert_array_equal(from_file.probabilities, from_array.probabilities)
+    with pytest.raises(sciformer.api.DataError, match="wavelengths"):
+        model.predict(cube, wavelengths=[500.0, 600.0])
+
+
+def test_points_predict_equals_the_command_line(s3dis: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "room.npz"
+    assert main(["predict", "--checkpoint", str(s3dis["run"]), "-i", str(s3dis["room"]), "-o", str(out),
+                 "--probabilities", "--tta-rotations", "2"]) == 0
+    with np.load(out) as npz:
+        cli_pred, cli_probs = npz["pred"], npz["probabilities"]
+    model = sciformer.load(s3dis["run"], device="cpu")
+    assert model.kind == "points" and model.features == ["colour"]
+    from_file = model.predict(s3dis["room"], rotations=2)
+    table = np.loadtxt(s3dis["room"])  # x y z r g b, 0..255 colour
+    from_array = model.predict(table[:, :3], features={"colour": table[:, 3:6].astype(np.uint8)}, rotations=2)
+    stacked = model.predict(table[:, :3], features=table[:, 3:6].astype(np.uint8), rotations=2)
+    for pred in (from_file, from_array, stacked):
+        np.testing.assert_array_equal(pred.labels, cli_pred)
+        np.testing.assert_allclose(pred.probabilities, cli_probs, atol=1e-6)
+        assert pred.valid.all() and len(pred.label_names) == len(table)
+    with pytest.raises(sciformer.api.SciformerError, match="unknown option"):
+        model.predict(table[:, :3], rotation=2)
+
+
+def test_train_matches_the_command_line(hsi: dict[str, Path], tmp_path: Path) -> None:
+    result = sciformer.train(hsi["yaml"], {"train.seed": 3}, output_dir=tmp_path / "api")
+    assert main(["train", "-c", str(hsi["yaml"]), "-o", str(tmp_path / "cli"), "--seed", "3"]) == 0
+    assert result.run_dir == tmp_path / "api" and result.best_epoch == 1 and len(result.history) == 1
+    assert set(result.metrics) >= {"oa", "aa", "kappa"}
+    a = torch.load(tmp_path / "api" / "checkpoints" / "best.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cli" / "checkpoints" / "best.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    for run in ("api", "cli"):
+        log = (tmp_path / run / "train.log").read_text()
+        assert "run folder:" in log and "epoch 1/1" in log and "test results" in log
