@@ -92,17 +92,18 @@ def test_sigkill_anywhere_then_resume_matches_uninterrupted_bitwise(tmp_path: Pa
         return tmp_path / run / "checkpoints" / "last.pt"
 
     # 1. mid-epoch, with a checkpoint after every step: killed at a random step of epoch 2 or 3
-    target = int(rng.integers(per_epoch + 1, total - 1))
+    target = int(rng.integers(per_epoch + 1, total - 3))
     proc = subprocess.Popen([sys.executable, "-m", "sciformer", "train", "-c", str(cfg), "-o", "mid", "train.checkpoint_every_steps=1"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: last("mid").exists() and load_checkpoint(last("mid"))["global_step"] >= target)
-    # 2. only epoch-end checkpoints: killed a random moment after the first one (inside epoch 2 or later)
-    delay = float(rng.uniform(0.0, 1.5))
+    # 2. only epoch-end checkpoints: killed at a random moment of epoch 2 (a fraction of the fastest epoch)
+    epoch_s = min(float(row.rsplit(",", 1)[1]) for row in (tmp_path / "straight" / "metrics.csv").read_text().splitlines()[1:])
+    delay = float(rng.uniform(0.0, 0.8)) * epoch_s
     proc = subprocess.Popen([sys.executable, "-m", "sciformer", "train", "-c", str(cfg), "-o", "boundary"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: last("boundary").exists() and not time.sleep(delay))
     # 3. inside a save: the temporary file is written, the rename never happens
-    n_save = int(rng.integers(2, 5))
+    n_save = int(rng.integers(3, 5))  # saves 1 and 2 are epoch 1's best.pt and last.pt
     killed = subprocess.run([sys.executable, "-c", KILL_IN_SAVE, "train", "-c", str(cfg), "-o", "insave"], cwd=tmp_path,
                             env=_env(KILL_AT_SAVE=str(n_save)), capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
