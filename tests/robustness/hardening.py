@@ -529,7 +529,8 @@ def finished_outputs(d: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0) -> dict[str, dict]:
+def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0, with_corpus: bool = False) -> dict[str, dict]:
+    """Run the cases (and, ``with_corpus``, those of :mod:`corpus` as ``corpus:<id>``) in this process."""
     import contextlib
     import io
     import resource
@@ -544,10 +545,11 @@ def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0) -> 
     signal.signal(signal.SIGALRM, on_alarm)
     trained = Trained(work / "trained")
     results: dict[str, dict] = {}
-    for c in CASES:
-        if ids and c.id not in ids:
+    cases = [(c.id, c) for c in CASES] + ([(f"corpus:{c.id}", c) for c in corpus.CASES] if with_corpus else [])
+    for key, c in cases:
+        if ids and key not in ids:
             continue
-        d = work / c.id
+        d = work / key.replace(":", "_")
         d.mkdir(parents=True)
         argv = c.build(d, trained)
         before = finished_outputs(d)
@@ -569,7 +571,7 @@ def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0) -> 
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         after = finished_outputs(d)
-        results[c.id] = {"code": code, "stderr": err.getvalue(), "seconds": time.perf_counter() - start,
+        results[key] = {"code": code, "stderr": err.getvalue(), "seconds": time.perf_counter() - start,
                          "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                          "finished": sorted(k for k in after if after[k] != before.get(k))}
         while _HELD:
@@ -582,4 +584,4 @@ if __name__ == "__main__":
     import sys
 
     out_json, work = Path(sys.argv[1]), Path(sys.argv[2])
-    out_json.write_text(json.dumps(run_all(work, sys.argv[3:] or None)))
+    out_json.write_text(json.dumps(run_all(work, sys.argv[3:] or None, with_corpus=True)))

@@ -1,4 +1,6 @@
-"""The hardening corpus (:mod:`hardening`) through the command line, in one fresh process.
+"""The hardening corpus (:mod:`hardening`) through the command line, in one fresh process
+(which also runs the cases of :mod:`corpus`, checked here for time and memory; their
+messages are checked in-process by ``test_bad_input_corpus.py``).
 
 Every case must exit with code 2, print exactly one line on stderr holding its expected
 fragments and no traceback, finish within 30 s, and write nothing that looks finished
@@ -54,6 +56,18 @@ def test_refused_in_one_line(case, results: dict[str, dict]) -> None:
         assert fragment in lines[0], f"{case.id}: {fragment!r} not in {lines[0]!r}"
     assert r["seconds"] < LIMIT_S, f"{case.id}: {r['seconds']:.1f} s"
     assert not r["finished"], f"{case.id}: wrote {r['finished']}"
+
+
+def test_original_corpus_bounded_in_time_and_one_line(results: dict[str, dict]) -> None:
+    bad = {}
+    for key, r in results.items():
+        if not key.startswith("corpus:"):
+            continue
+        lines = r["stderr"].strip().splitlines()
+        if r["code"] != 2 or r["seconds"] >= LIMIT_S or "Traceback" in r["stderr"] or len(lines) != 1 or r["finished"]:
+            bad[key] = (r["code"], round(r["seconds"], 1), r["stderr"][-300:], r["finished"][:1])
+    assert len([k for k in results if k.startswith("corpus:")]) > 100
+    assert not bad, bad
 
 
 def test_peak_memory_of_the_whole_corpus(results: dict[str, dict]) -> None:
