@@ -13,6 +13,13 @@ exceeds ``--budget`` print as "skipped (> budget)" with the estimate.
     python benchmarks/bench_geometry.py            # full table (~3-5 min on 2 cores)
     python benchmarks/bench_geometry.py --quick    # 1 repeat, 1 s per method, 10 s budget
     python benchmarks/bench_geometry.py --only knn fps --knn-sizes 10000 100000
+    python benchmarks/bench_geometry.py --only real   # real data only (~8 min on 2 loaded cores)
+
+Real-data cases (``real``, from ``$SCIFORMER_DATA``): kNN (k=16) on the largest LiDAR tiles
+and the SemanticKITTI scans, in file order and shuffled, on uniform random 100k points and
+on a batch of 32 ModelNet10 clouds x 1024 points at 1 and 2 torch threads (pykdtree and
+scipy then loop over the clouds with the same threads); FPS to N/4 on the tiles vs
+fpsample. Each method runs round-robin ``--real-repeats`` times; the median is kept.
 """
 
 from __future__ import annotations
@@ -543,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         if "grid" in args.only:
             bench_grid(bench, args.grid_size, device, rng)
     real: list[list[str]] = []
+    real_repeats = args.real_repeats or (3 if args.quick else 7)
     if "real" in args.only:
         from sciformer.contracts import default_data_root
 
@@ -551,7 +559,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# real-data cases skipped: no {root / 'lidar'} (set SCIFORMER_DATA)")
         else:
             rng = np.random.default_rng(0)
-            real_repeats = args.real_repeats or (3 if args.quick else 7)
             real = bench_real_knn(root, real_repeats, args.tiles, rng)
             if has("fpsample"):
                 real += bench_real_fps(root, real_repeats, args.tiles, rng)
@@ -560,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.print_table()
     if real:
         print()
+        print(f"# real data: median of {real_repeats} interleaved runs per method; pykdtree and scipy at the case's threads")
         print_real(real)
     sys.stdout.flush()
     return 0
