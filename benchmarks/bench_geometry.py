@@ -10,8 +10,8 @@ is exact. "agrees" compares each peer's output with sciformer's. Peers that are 
 installed print as "absent"; peers whose estimated time (scaled from the previous size)
 exceeds ``--budget`` print as "skipped (> budget)" with the estimate.
 
-    python benchmarks/bench_geometry.py            # full table (~3-5 min on 2 cores)
-    python benchmarks/bench_geometry.py --quick    # 1 repeat, 1 s per method, 10 s budget
+    python benchmarks/bench_geometry.py            # both tables (~3-5 min, plus ~8 min for real data)
+    python benchmarks/bench_geometry.py --quick    # 1 repeat, 1 s per method, 10 s budget, 3 real-data runs
     python benchmarks/bench_geometry.py --only knn fps --knn-sizes 10000 100000
     python benchmarks/bench_geometry.py --only real   # real data only (~8 min on 2 loaded cores)
 
