@@ -1,4 +1,4 @@
-"""Command line: ``sciformer train|evaluate|predict|info``.
+"""Command line: ``sciformer train|evaluate|predict|info|report|compare|config``.
 
 Every user-facing error prints one line on stderr and exits with code 2 (130 when
 interrupted), without a traceback. ``SCIFORMER_DEBUG=1`` shows tracebacks.
@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(predict)
 
     sub.add_parser("info", help="versions, devices, optional backends, registered models and datasets")
+
+    report = sub.add_parser("report", help="draw a run's curves.png and confusion_matrix.png from its CSV files")
+    report.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folder(s)")
+    compare = sub.add_parser("compare", help="one table of runs' config differences and test metrics")
+    compare.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders")
+    compare.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write CSV (to PATH, or stdout) instead of the table")
+    cfg = sub.add_parser("config", help="list the config keys of a model, dataset or section")
+    cfg.add_argument("--list", required=True, metavar="NAME", dest="name", help="a model, a dataset or a section (train, optimizer, ...)")
     return parser
 
 
@@ -205,7 +213,40 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "info": cmd_info}
+def cmd_report(args: argparse.Namespace) -> int:
+    from sciformer.engine.reporting import write_report
+
+    for run in args.runs:
+        for path in write_report(run):
+            print(f"wrote {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from sciformer.engine.compare import compare_runs, format_table, to_csv
+
+    header, rows = compare_runs(args.runs)
+    if args.csv is None:
+        print(format_table(header, rows))
+    elif args.csv == "-":
+        print(to_csv(header, rows), end="")
+    else:
+        from sciformer.utils.atomic import atomic_write_text
+
+        atomic_write_text(Path(args.csv), to_csv(header, rows))
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from sciformer.engine.compare import list_config
+
+    print(list_config(args.name))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "info": cmd_info,
+            "report": cmd_report, "compare": cmd_compare, "config": cmd_config}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,6 +74,7 @@ class RunLog:
         self._file: IO[str] | None = None
         self._saved: tuple[Any, Any] | None = None
         self._tees: list[_Tee] = []
+        self._showwarning: Any = warnings.showwarning
 
     def _sink(self, line: str) -> None:
         if self._file is not None:
@@ -96,6 +97,16 @@ class RunLog:
         self._saved = (sys.stdout, sys.stderr)
         self._tees = [_Tee(sys.stdout, self._sink), _Tee(sys.stderr, self._sink)]
         sys.stdout, sys.stderr = self._tees  # type: ignore[assignment]
+        self._showwarning = warnings.showwarning
+        real_stderr = self._saved[1]
+
+        def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            for text in warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n").split("\n"):
+                self._sink(text)
+            # shown where it would have been, but not through the tee (already logged)
+            self._showwarning(message, category, filename, lineno, real_stderr if file is None else file, line)
+
+        warnings.showwarning = showwarning
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -103,6 +114,7 @@ class RunLog:
             tee.finish()
         if self._saved is not None:
             sys.stdout, sys.stderr = self._saved
+            warnings.showwarning = self._showwarning
         if exc is not None and self._file is not None:
             self._file.write(f"{'interrupted' if isinstance(exc, KeyboardInterrupt) else 'error'}: {exc}\n")
         if self._file is not None:
