@@ -255,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
+        from sciformer.engine.signals import terminate_as_interrupt
+
+        terminate_as_interrupt()
     try:
         return COMMANDS[args.command](args)
     except SciformerError as exc:
@@ -276,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+ENTRY_POINTS = ("sciformer", "__main__.py", "cli.py")  # sys.argv[0] when sciformer is the process
 MAX_MESSAGE = 600  # characters: a 10 MB value in a config never prints 10 MB
 
 
@@ -297,7 +302,7 @@ def _emit(line: str) -> None:
 def _quiet_signals() -> None:
     from sciformer.engine.signals import quiet_signals
 
-    if Path(sys.argv[0]).name in ("sciformer", "__main__.py", "cli.py"):  # the command is the process (not a test calling main)
+    if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process (not a test calling main)
         quiet_signals()
 
 
