@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from sciformer.attention.point_block import PointTransformerBlock
 from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError, DataError
+from sciformer.geometry.pyg import as_packed_batch
 from sciformer.pointcloud.layers import (
     ClassificationHead,
     GridPoolDown,
@@ -250,6 +251,7 @@ class PointTransformerClassifier(nn.Module):
         self.head = ClassificationHead(cfg.channels[-1], num_classes, tuple(cfg.head_hidden), cfg.dropout)
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
+        batch = as_packed_batch(batch)  # a PyG Data/Batch (pos, x, batch) works too
         level = input_level(batch, self.in_channels, self.use_coord)
         levels, _ = self.encoder(level)
         pooled = segment_mean(levels[-1].feat, levels[-1].offset)  # (B, C)
@@ -309,6 +311,7 @@ class PointTransformerSegmenter(nn.Module):
         self.head = SegmentationHead(ch[0], num_classes, num_conditions=num_categories, dropout=cfg.dropout)
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
+        batch = as_packed_batch(batch)  # a PyG Data/Batch (pos, x, batch) works too
         level = input_level(batch, self.in_channels, self.use_coord)
         levels, indices = self.encoder(level)
         x = self.decoders[0](levels[-1], None, indices[-1])

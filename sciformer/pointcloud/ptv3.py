@@ -36,6 +36,7 @@ from sciformer.attention import (
 from sciformer.contracts import DataInfo
 from sciformer.errors import ConfigError
 from sciformer.geometry import grid_coordinates
+from sciformer.geometry.pyg import as_packed_batch
 from sciformer.geometry.serialization import ORDERS
 from sciformer.pointcloud.layers import (
     ClassificationHead,
@@ -234,6 +235,7 @@ class PointTransformerV3Classifier(nn.Module):
         self.head = ClassificationHead(cfg.channels[-1], num_classes, tuple(cfg.head_hidden), cfg.dropout)
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
+        batch = as_packed_batch(batch)  # a PyG Data/Batch (pos, x, batch) works too
         level = input_level(batch, self.in_channels, self.use_coord)
         levels, _, _ = self.encoder(level.coord, level.feat, level.offset)
         pooled = segment_mean(self.norm(levels[-1].feat), levels[-1].offset)  # (B, C)
@@ -268,6 +270,7 @@ class PointTransformerV3Segmenter(nn.Module):
         self.head = SegmentationHead(width, num_classes, num_conditions=num_categories, dropout=cfg.dropout)
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
+        batch = as_packed_batch(batch)  # a PyG Data/Batch (pos, x, batch) works too
         level = input_level(batch, self.in_channels, self.use_coord)
         levels, contexts, clusters = self.encoder(level.coord, level.feat, level.offset)
         x = levels[-1]
