@@ -41,6 +41,7 @@ class RegisteredDataset:
 
     name: str = ""
     path_key: str = "root"
+    renamed: dict[str, str] = {}  # noqa: RUF012 - keyword -> config key, where a key clashes with ``split``
 
     def __init__(self, path: str | os.PathLike[str] | None = None, split: str = "train", *, seed: int = 0,
                  **params: Any) -> None:
@@ -49,6 +50,7 @@ class RegisteredDataset:
         entry = DATASETS.get(self.name)
         if path is not None:
             params[self.path_key] = os.fspath(path)
+        params = {self.renamed.get(k, k): v for k, v in params.items()}
         try:
             self.config = entry.config(**params)
         except Exception as exc:  # pydantic's ValidationError: one line naming the key
@@ -129,10 +131,15 @@ class LasTiles(RegisteredDataset):
 
 
 class HyperspectralScene(RegisteredDataset):
-    """A hyperspectral scene split into patches (``source``: a file or ``indian_pines``); ``data.name: hsi_scene``."""
+    """A hyperspectral scene split into patches (``source``: a file or ``indian_pines``); ``data.name: hsi_scene``.
+
+    The split protocol (``data.split`` of an experiment) is the keyword ``protocol``, e.g.
+    ``protocol={"kind": "blocks", "block_size": 12}``; ``split`` picks train, val or test.
+    """
 
     name = "hsi_scene"
     path_key = "source"
+    renamed = {"protocol": "split"}  # noqa: RUF012
 
 
 __all__ = ["S3DIS", "HyperspectralScene", "LasTiles", "ModelNet", "RegisteredDataset", "ShapeNetPart"]
