@@ -29,6 +29,7 @@ from sciformer.data.hsi.readers import (
     read_labels,
     read_scene,
 )
+from sciformer.data.predicting import start_prediction, state_value
 from sciformer.errors import DataError
 from sciformer.utils.progress import progress
 
@@ -89,22 +90,15 @@ def predict_hsi_file(
     and class names; needs rasterio). Inputs: any cube file the dataset reads, or a GeoTIFF.
     With ``options.labels`` the overall / mean class accuracy on its labelled pixels is printed.
     """
-    options = options or PredictOptions()
-    options.require_defaults("hsi_scene", "overlap", "rotations", "flip", "votes", "probabilities", "columns", "category")
-    input_path, output_path = Path(input_path), Path(output_path)
+    options, input_path, output_path = start_prediction(
+        "hsi_scene", options, input_path, output_path, PREDICT_SUFFIXES,
+        refuse=("overlap", "rotations", "flip", "votes", "probabilities", "columns", "category"))
     suffix = output_path.suffix.lower()
-    if suffix not in PREDICT_SUFFIXES:
-        raise DataError(
-            f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(PREDICT_SUFFIXES)}"
-        )
-    try:
-        norm = Normalizer.from_state(state["normaliser"])
-        class_names = [str(n) for n in state["class_names"]]
-        patch_size = int(state["patch_size"])
-        padding = str(state.get("padding", cfg.padding))
-        in_bands = int(state["in_bands"])
-    except KeyError as exc:
-        raise DataError(f"checkpoint data state: missing key {exc.args[0]!r}; not an hsi_scene checkpoint") from exc
+    norm = Normalizer.from_state(state_value(state, "normaliser", "hsi_scene"))
+    class_names = [str(n) for n in state_value(state, "class_names", "hsi_scene")]
+    patch_size = int(state_value(state, "patch_size", "hsi_scene"))
+    padding = str(state.get("padding", cfg.padding))
+    in_bands = int(state_value(state, "in_bands", "hsi_scene"))
     scene, georef = _read_for_prediction(cfg, input_path)
     if scene.num_bands != in_bands:
         raise DataError(

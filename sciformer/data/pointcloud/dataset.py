@@ -213,10 +213,3 @@ class PointTask(TaskData):
     def state(self) -> dict[str, Any]:
         return {"class_names": list(self.info.class_names), "in_channels": self.info.in_channels, **self._state}
 
-
-def state_value(state: dict[str, Any], key: str, dataset: str) -> Any:
-    """``state[key]`` or a DataError saying the checkpoint is not from ``dataset``."""
-    try:
-        return state[key]
-    except KeyError:
-        raise DataError(f"checkpoint data state: missing key '{key}'; not a {dataset} checkpoint") from None

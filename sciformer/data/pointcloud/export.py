@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from sciformer.data.pointcloud.ply import write_ply
+from sciformer.data.predicting import check_output_suffix
 from sciformer.data.transforms import Sample
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_with
 
 NO_DATA = -1  # pred of a point that could not be classified
 POINT_OUTPUTS = (".npy", ".npz", ".ply", ".las", ".laz")
-LAS_SUFFIXES = (".las", ".laz")
 LAS_NEVER_CLASSIFIED = 0  # ASPRS "created, never classified": LAS code of an unpredicted point
 LAS_UNCLASSIFIED = 1  # ASPRS "unclassified": the code of a class with no ASPRS code of its own
 
@@ -70,20 +70,6 @@ class PointPrediction:
         conf = self.probs.max(axis=1).astype(np.float32)  # (n,)
         conf[~self.valid] = 0.0
         return conf
-
-
-def check_output_suffix(output_path: Path, suffixes: Sequence[str], input_path: Path | None = None) -> str:
-    """The lower-case suffix of ``output_path`` if it is one of ``suffixes`` (a one-line DataError otherwise).
-
-    ``.las``/``.laz`` outputs need a LAS/LAZ input (they copy its header and points).
-    """
-    suffix = output_path.suffix.lower()
-    if suffix not in suffixes:
-        raise DataError(f"{output_path}: unsupported output suffix '{output_path.suffix}'; use one of {', '.join(suffixes)}")
-    if suffix in LAS_SUFFIXES and input_path is not None and input_path.suffix.lower() not in LAS_SUFFIXES:
-        raise DataError(f"{output_path}: LAS/LAZ output copies a LAS/LAZ input, but '{input_path.name}' is not one; "
-                        "use .ply, .npz or .npy")
-    return suffix
 
 
 def class_comments(class_names: Sequence[str]) -> list[str]:

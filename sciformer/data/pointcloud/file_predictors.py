@@ -15,11 +15,9 @@ import numpy as np
 import torch
 
 from sciformer.contracts import PredictFn, PredictOptions
-from sciformer.data.pointcloud.dataset import state_value
 from sciformer.data.pointcloud.export import (
     POINT_OUTPUTS,
     PointPrediction,
-    check_output_suffix,
     write_point_predictions,
 )
 from sciformer.data.pointcloud.predict_file import (
@@ -29,6 +27,7 @@ from sciformer.data.pointcloud.predict_file import (
     valid_points,
 )
 from sciformer.data.pointcloud.sample import assemble_features, collate_points
+from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import Sample, build_transforms, index_points
 from sciformer.errors import DataError
 
@@ -51,10 +50,8 @@ def predict_s3dis_file(
     LAS input; one row per input point, NaN points as no data. ``options`` sets the
     chunk overlap, the test-time views and whether class probabilities are written.
     """
-    options = options or PredictOptions()
-    options.require_defaults("s3dis", "votes", "category", "labels")
-    input_path, output_path = Path(input_path), Path(output_path)
-    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
+    options, input_path, output_path = start_prediction(
+        "s3dis", options, input_path, output_path, POINT_OUTPUTS, refuse=("votes", "category", "labels"))
     features = list(state_value(state, "features", "s3dis"))
     class_names = list(state_value(state, "class_names", "s3dis"))
     data = read_cloud(input_path, options.columns)
@@ -120,10 +117,9 @@ def predict_shapenetpart_file(
     predictions are restricted to its parts (the standard protocol). Output by suffix:
     ``.npy`` (n,) global part ids (-1 = no data), ``.npz`` or ``.ply`` (part names in the header).
     """
-    options = options or PredictOptions()
-    options.require_defaults("shapenetpart", "overlap", "rotations", "flip", "votes", "labels")
-    input_path, output_path = Path(input_path), Path(output_path)
-    check_output_suffix(output_path, PART_OUTPUTS, input_path)
+    options, input_path, output_path = start_prediction(
+        "shapenetpart", options, input_path, output_path, PART_OUTPUTS,
+        refuse=("overlap", "rotations", "flip", "votes", "labels"))
     features = list(state_value(state, "features", "shapenetpart"))
     names = [str(n) for n in state_value(state, "category_names", "shapenetpart")]
     parts = {str(k): [int(p) for p in v] for k, v in state_value(state, "category_parts", "shapenetpart").items()}

@@ -54,11 +54,10 @@ from sciformer.data.pointcloud.cache import (
     load_arrays,
     save_arrays_atomic,
 )
-from sciformer.data.pointcloud.dataset import PointDataset, state_value
+from sciformer.data.pointcloud.dataset import PointDataset
 from sciformer.data.pointcloud.export import (
     POINT_OUTPUTS,
     asprs_codes_from_table,
-    check_output_suffix,
     write_point_predictions,
 )
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
@@ -69,18 +68,19 @@ from sciformer.data.pointcloud.predict_file import (
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
+    EvalTransformList,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
-    check_eval_transform_specs,
 )
+from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     CenterShift,
     Compose,
     GridSample,
     Sample,
+    TransformList,
     build_transforms,
-    check_transform_specs,
     index_points,
 )
 from sciformer.errors import DataError
@@ -94,9 +94,6 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_scale", "scale": [0.95, 1.05]},
     {"name": "random_jitter", "sigma": 0.02, "clip": 0.1},
 ]
-
-TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
-EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
 _FEATURES = ["coord", "colour", "intensity", "height"]
 
 
@@ -286,10 +283,8 @@ def predict_las_file(
     ``.npy``. ``options`` sets the chunk overlap, the test-time views and whether class
     probabilities are written.
     """
-    options = options or PredictOptions()
-    options.require_defaults("las_tiles", "votes", "category", "labels")
-    input_path, output_path = Path(input_path), Path(output_path)
-    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
+    options, input_path, output_path = start_prediction(
+        "las_tiles", options, input_path, output_path, POINT_OUTPUTS, refuse=("votes", "category", "labels"))
     classes = state_value(state, "classes", "las_tiles")
     features = list(state_value(state, "features", "las_tiles"))
     data = read_cloud(input_path, options.columns)

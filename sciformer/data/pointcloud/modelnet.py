@@ -54,7 +54,6 @@ from sciformer.contracts import (
 from sciformer.data.pointcloud.dataset import (
     PointDataset,
     PointTask,
-    state_value,
     stratified_holdout,
 )
 from sciformer.data.pointcloud.io import (
@@ -73,13 +72,14 @@ from sciformer.data.pointcloud.sample import (
     collate_points,
     feature_channels,
 )
+from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     Compose,
     FixedPoints,
     NormalizeScale,
     Sample,
+    TransformList,
     build_transforms,
-    check_transform_specs,
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -90,8 +90,6 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_jitter", "sigma": 0.01, "clip": 0.05},
     {"name": "shuffle_points"},
 ]
-
-TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
 
 
 class ModelNetConfig(BaseModel):
@@ -168,6 +166,9 @@ class ShapeDataset(PointDataset):
         return sample
 
 
+CLASS_OUTPUTS = (".json", ".npy")  # shape classification: the class and its probabilities
+
+
 def predict_modelnet_file(
     cfg: ModelNetConfig,
     state: dict[str, Any],
@@ -185,12 +186,8 @@ def predict_modelnet_file(
     (seeded, so repeatable). Output by suffix: ``.json`` (class name, index and
     per-class probabilities) or ``.npy`` (probabilities (num_classes,) float32).
     """
-    options = options or PredictOptions()
-    options.require_defaults("modelnet", "overlap", "rotations", "flip")
-    input_path, output_path = Path(input_path), Path(output_path)
-    suffix = output_path.suffix.lower()
-    if suffix not in (".json", ".npy"):
-        raise DataError(f"{output_path}: unsupported output suffix '{output_path.suffix}'; use .json or .npy")
+    options, input_path, output_path = start_prediction(
+        "modelnet", options, input_path, output_path, CLASS_OUTPUTS, refuse=("overlap", "rotations", "flip"))
     num_points = int(state_value(state, "num_points", "modelnet"))
     features = list(state_value(state, "features", "modelnet"))
     class_names = [str(n) for n in state_value(state, "class_names", "modelnet")]
@@ -220,7 +217,7 @@ def predict_modelnet_file(
         prob += torch.softmax(logits, dim=1).sum(dim=0).double().numpy()
     prob = (prob / options.votes).astype(np.float32)  # (C,)
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".npy":
+    if output_path.suffix.lower() == ".npy":
         np.save(output_path, prob.astype(np.float32))
         return output_path
     best = int(prob.argmax())
@@ -230,7 +227,7 @@ def predict_modelnet_file(
     return output_path
 
 
-predict_modelnet_file.suffixes = (".json", ".npy")  # type: ignore[attr-defined]  # checked before the model loads
+predict_modelnet_file.suffixes = CLASS_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
 
 
 @DATASETS.register("modelnet", config=ModelNetConfig, predictor=predict_modelnet_file)

@@ -4,10 +4,9 @@ raw ``.off`` meshes) read into ``{split: {"points", "labels", ...}}`` with class
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from pydantic import AfterValidator
 
 from sciformer.data.pointcloud.cache import (
     cache_key,
@@ -21,20 +20,9 @@ from sciformer.data.pointcloud.io import (
     read_off,
     sample_mesh_surface,
 )
-from sciformer.data.transforms import (
-    check_transform_specs,
-)
 from sciformer.errors import DataError
 from sciformer.utils.limits import check_hdf5_dataset
 from sciformer.utils.progress import progress
-
-DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
-    {"name": "random_scale", "scale": [0.8, 1.25], "anisotropic": True},
-    {"name": "random_jitter", "sigma": 0.01, "clip": 0.05},
-    {"name": "shuffle_points"},
-]
-
-TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
 
 
 def detect_layout(root: Path) -> str:

@@ -36,12 +36,8 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
-from sciformer.data.pointcloud.dataset import PointDataset, state_value
-from sciformer.data.pointcloud.export import (
-    POINT_OUTPUTS,
-    check_output_suffix,
-    write_point_predictions,
-)
+from sciformer.data.pointcloud.dataset import PointDataset
+from sciformer.data.pointcloud.export import POINT_OUTPUTS, write_point_predictions
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
 from sciformer.data.pointcloud.predict_file import (
     predict_cloud,
@@ -51,19 +47,20 @@ from sciformer.data.pointcloud.predict_file import (
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
+    EvalTransformList,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
-    check_eval_transform_specs,
 )
+from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     CenterShift,
     Compose,
     GridSample,
     Sample,
     SphereCrop,
+    TransformList,
     build_transforms,
-    check_transform_specs,
     index_points,
 )
 from sciformer.errors import DataError
@@ -75,8 +72,6 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_flip", "axes": ["x"], "p": 0.5},
     {"name": "random_scale", "scale": [0.95, 1.05]},
 ]
-TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
-EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
 
 
 class PointScenesConfig(BaseModel):
@@ -279,10 +274,8 @@ def predict_point_scenes_file(
     their first label value); one row per input point, NaN/Inf points as no data.
     ``--columns`` overrides the trained ``data.columns`` for headerless files.
     """
-    options = options or PredictOptions()
-    options.require_defaults("point_scenes", "votes", "category", "labels")
-    input_path, output_path = Path(input_path), Path(output_path)
-    check_output_suffix(output_path, POINT_OUTPUTS, input_path)
+    options, input_path, output_path = start_prediction(
+        "point_scenes", options, input_path, output_path, POINT_OUTPUTS, refuse=("votes", "category", "labels"))
     table = {str(k): [int(v) for v in vs] for k, vs in state_value(state, "classes", "point_scenes").items()}
     features = list(state_value(state, "features", "point_scenes"))
     data = read_cloud(input_path, options.columns or state.get("columns"))

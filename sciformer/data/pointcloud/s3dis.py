@@ -50,10 +50,10 @@ from sciformer.data.pointcloud.file_predictors import predict_s3dis_file
 from sciformer.data.pointcloud.io import parse_text_table
 from sciformer.data.pointcloud.sample import check_features, feature_channels
 from sciformer.data.pointcloud.scenes import (
+    EvalTransformList,
     SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
-    check_eval_transform_specs,
 )
 from sciformer.data.transforms import (
     CenterShift,
@@ -61,8 +61,8 @@ from sciformer.data.transforms import (
     GridSample,
     Sample,
     SphereCrop,
+    TransformList,
     build_transforms,
-    check_transform_specs,
     index_points,
 )
 from sciformer.errors import ConfigError, DataError
@@ -83,9 +83,6 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "chromatic_auto_contrast", "p": 0.2},
     {"name": "chromatic_jitter", "p": 0.95, "std": 0.05},
 ]
-
-TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
-EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
 
 
 class S3DISConfig(BaseModel):

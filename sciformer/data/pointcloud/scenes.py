@@ -13,10 +13,11 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+from pydantic import AfterValidator
 
 from sciformer.contracts import Batch, PredictFn, ScoreFn
 from sciformer.data.pointcloud.cache import cache_key
@@ -53,6 +54,10 @@ def check_eval_transform_specs(specs: list[dict[str, Any]] | None) -> list[dict[
             raise ValueError(f"[{i}] {t!r} drops or reorders points; scene evaluation maps predictions "
                              "back to every original point, so eval transforms must keep all points in order")
     return specs
+
+
+# A config field holding scene evaluation transforms (points kept in order), checked when the config loads.
+EvalTransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_eval_transform_specs)]
 
 
 class SceneSource(ABC):

@@ -53,8 +53,8 @@ from sciformer.data.transforms import (
     Compose,
     RandomSample,
     Sample,
+    TransformList,
     build_transforms,
-    check_transform_specs,
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -83,8 +83,6 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_scale", "scale": [0.8, 1.25], "anisotropic": True},
     {"name": "random_jitter", "sigma": 0.01, "clip": 0.05},
 ]
-
-TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]
 
 
 # --------------------------------------------------------------------------- metric

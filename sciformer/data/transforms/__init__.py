@@ -36,6 +36,7 @@ from sciformer.data.transforms.base import (
 )
 from sciformer.data.transforms.build import (
     TRANSFORMS,
+    TransformList,
     build_transform,
     build_transforms,
     check_transform_specs,
@@ -66,5 +67,6 @@ __all__ = [
     "RandomFlip", "ChromaticAutoContrast", "ChromaticJitter", "RandomDropout", "ShufflePoints",
     "RandomSample", "FixedPoints", "GridSample", "SphereCrop", "ToTensor", "Transform",
     "NON_POINT_KEYS", "Sample", "num_points", "TRANSFORMS", "build_transform", "build_transforms", "check_transform_specs",
+    "TransformList",
     "grid_sample_indices", "index_points", "point_keys", "rotation_matrix", "transform_names",
 ]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import AfterValidator, ConfigDict, ValidationError, create_model
 
 from sciformer.data.transforms.base import (
     Compose,
@@ -112,3 +112,7 @@ def check_transform_specs(specs: list[dict[str, Any]] | None) -> list[dict[str, 
     """Pydantic ``AfterValidator``: fail config validation early on a bad transform list."""
     build_transforms(specs, key="")
     return specs
+
+
+# A config field holding a transform list (None: the dataset's default), checked when the config loads.
+TransformList = Annotated[list[dict[str, Any]] | None, AfterValidator(check_transform_specs)]

@@ -243,7 +243,7 @@ def test_predict_file(scene_dir):
         predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "short.npy", tmp_path / "x.npy", 64)
     with pytest.raises(DataError, match="unsupported output suffix '.csv'"):
         predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "new.npy", tmp_path / "x.csv", 64)
-    with pytest.raises(DataError, match="not an hsi_scene checkpoint"):
+    with pytest.raises(DataError, match="not a hsi_scene checkpoint"):
         predict_hsi_file(cfg, {}, centre_predictor(4), tmp_path / "new.npy", tmp_path / "x.npy", 64)
 
 
