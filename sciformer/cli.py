@@ -195,8 +195,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("cuda: not available (CPU only)")
     print("optional backends:")
     for dist, purpose in [
-        ("pykdtree", "fast CPU kNN"), ("fpsample", "fast CPU farthest point sampling"), ("torch-cluster", "GPU kNN/FPS"),
-        ("torch-geometric", "PyG interop"), ("open3d", "point-cloud I/O"), ("laspy", "LAS/LAZ LiDAR"), ("lazrs", "LAZ decompression"),
+        ("pykdtree", "fast CPU kNN"), ("fpsample", "fast CPU farthest point sampling"), ("torch-cluster", "CUDA kNN backend"),
+        ("torch-geometric", "PyG interop"), ("open3d", "fast binary PLY/PCD reading"), ("laspy", "LAS/LAZ LiDAR"), ("lazrs", "LAZ decompression"),
         ("tensorly", "built-in Indian Pines scene"), ("tensorboard", "TensorBoard logs"), ("rasterio", "GeoTIFF maps and cubes"),
     ]:
         try:

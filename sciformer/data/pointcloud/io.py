@@ -14,7 +14,8 @@
 Formats: PLY (ascii, binary_little_endian, binary_big_endian), PCD (ascii, binary,
 binary_compressed with a built-in LZF decoder), text tables (.xyz .txt .pts .csv),
 .npy/.npz, OFF meshes (with the ModelNet quirk ``OFF3514 3546 0`` on one line) and
-LAS/LAZ (laspy; ``pip install "laspy[lazrs]"`` for .laz). open3d is never required.
+LAS/LAZ (laspy; ``pip install "laspy[lazrs]"`` for .laz). open3d is never required: when
+installed it reads plain PLY/PCD files (:mod:`sciformer.data.pointcloud.open3d_io`).
 
 :func:`write_ply` writes binary little-endian PLY atomically; :func:`sample_mesh_surface`
 samples points uniformly on a triangle mesh.
@@ -39,6 +40,7 @@ from sciformer.data.pointcloud.fields import (
 )
 from sciformer.data.pointcloud.las import las_has_rgb, read_las
 from sciformer.data.pointcloud.mesh import read_off, sample_mesh_surface
+from sciformer.data.pointcloud.open3d_io import read_with_open3d
 from sciformer.data.pointcloud.pcd import lzf_decompress, read_pcd
 from sciformer.data.pointcloud.ply import read_ply, write_ply
 from sciformer.errors import DataError
@@ -308,7 +310,10 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
         raise DataError(f"{path}: no such file")
     regular_file(path, "point-cloud file")  # a folder, a FIFO (would hang) or a device (would never end)
     suffix = path.suffix.lower()
-    if suffix == ".ply":
+    fast = read_with_open3d(path, keep_invalid) if suffix in (".ply", ".pcd") else None  # open3d when installed
+    if fast is not None:
+        data = fast
+    elif suffix == ".ply":
         data = read_ply(path)
     elif suffix == ".pcd":
         data = read_pcd(path, keep_invalid=keep_invalid)
