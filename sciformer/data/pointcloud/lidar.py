@@ -54,33 +54,30 @@ from sciformer.data.pointcloud.cache import (
     load_arrays,
     save_arrays_atomic,
 )
-from sciformer.data.pointcloud.dataset import PointDataset
 from sciformer.data.pointcloud.export import (
     POINT_OUTPUTS,
     asprs_codes_from_table,
     write_point_predictions,
 )
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
+from sciformer.data.pointcloud.point_scenes import check_classes
 from sciformer.data.pointcloud.predict_file import (
     predict_cloud,
     read_cloud,
     require_features,
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
+from sciformer.data.pointcloud.scene_training import SceneCrops, scene_datasets
 from sciformer.data.pointcloud.scenes import (
     EvalTransformList,
-    SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
 )
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
-    CenterShift,
     Compose,
-    GridSample,
     Sample,
     TransformList,
-    build_transforms,
     index_points,
 )
 from sciformer.errors import DataError
@@ -121,18 +118,11 @@ class LasTilesConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> LasTilesConfig:
-        if not self.classes:
-            raise ValueError("classes: at least one class is needed")
-        seen: dict[int, str] = {}
         for name, codes in self.classes.items():
             for code in codes:
                 if not 0 <= code <= 255:
                     raise ValueError(f"classes.{name}: code {code} outside the ASPRS range 0..255")
-                if code in seen:
-                    raise ValueError(f"classes.{name}: code {code} is already mapped to '{seen[code]}'")
-                seen[code] = name
-        if self.unmapped != "ignore" and self.unmapped not in self.classes:
-            raise ValueError(f"unmapped: '{self.unmapped}' is neither 'ignore' nor a class ({', '.join(self.classes)})")
+        check_classes(self.classes, self.unmapped, "code")
         splits = {"train_files": self.train_files, "val_files": self.val_files, "test_files": self.test_files}
         owner: dict[str, str] = {}
         for split, files in splits.items():
@@ -219,18 +209,13 @@ class LasTiles(SceneSource):
         return self.sample(index, self.arrays(index))
 
 
-class LasCropDataset(PointDataset):
+class LasCropDataset(SceneCrops):
     """Random square crops of training tiles, ``crops_per_tile`` per tile and epoch."""
 
     def __init__(self, tiles: LasTiles, cfg: LasTilesConfig, features: list[str], transform: Compose, seed: int) -> None:
-        super().__init__(transform, features, train=True, seed=seed)
+        super().__init__(len(tiles), cfg.crops_per_tile, cfg.grid_size, "min", features, transform, seed)
         self.tiles = tiles
         self.cfg = cfg
-        self._grid = GridSample(cfg.grid_size, mode="train") if cfg.grid_size else None
-        self._shift = CenterShift(z="min")
-
-    def __len__(self) -> int:
-        return len(self.tiles) * self.cfg.crops_per_tile
 
     def describe_item(self, index: int) -> str:
         return f"crop of {self.tiles.paths[index % len(self.tiles)]}"
@@ -254,14 +239,11 @@ class LasCropDataset(PointDataset):
         xy = np.asarray(arrays["coord"][:, :2])  # (n, 2)
         if len(xy) == 0:
             raise DataError(f"{self.tiles.paths[t]}: empty point cloud (0 points)")
-        sample = self.tiles.sample(t, arrays, self.crop_rows(xy, rng))
-        if self._grid is not None:
-            sample = self._grid(sample, rng)
-            sample.pop("inverse", None)
+        sample = self.grid(self.tiles.sample(t, arrays, self.crop_rows(xy, rng)), rng)
         n = sample["coord"].shape[0]
         if self.cfg.crop_max_points and n > self.cfg.crop_max_points:
             sample = index_points(sample, np.sort(rng.choice(n, self.cfg.crop_max_points, replace=False)))
-        return self._shift(sample)  # float64 recentring; float32 at feature assembly
+        return self.shift(sample)  # float64 recentring; float32 at feature assembly
 
 
 def predict_las_file(
@@ -339,15 +321,10 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
     table = code_table(cfg.classes, cfg.unmapped)
     cache_dir = ctx.cache_dir / "las_tiles"
     tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir) for s in paths}
-    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
-                                "data.train_transforms")
-    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
-
-    def make_eval(split: str) -> Any:
-        return lambda: SceneEvalDataset(
-            tiles[split], grid_size=cfg.grid_size, max_points=cfg.eval_max_points,
-            part_z="min", transform=eval_tf, features=features, seed=ctx.seed, cache_dir=cache_dir,
-        )
+    splits, transforms = scene_datasets(
+        cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: LasCropDataset(tiles["train"], cfg, features, tf, ctx.seed),
+        tiles.__getitem__, features=features, part_z="min", seed=ctx.seed, cache_dir=cache_dir,
+    )
 
     class_names = list(cfg.classes)
     info = DataInfo(
@@ -367,8 +344,7 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         "crop": f"{cfg.crop_size:g} m squares, >= {cfg.crop_min_points} points, {cfg.crops_per_tile} per tile and epoch",
         "grid_size": cfg.grid_size,
         "test": "whole tiles, every original point (export)",
-        "train_transforms": repr(train_tf),
-        "eval_transforms": repr(eval_tf),
+        **transforms,
     }
     state = {
         "classes": {k: list(v) for k, v in cfg.classes.items()},
@@ -379,16 +355,7 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         "crop_size": cfg.crop_size,
         "eval_max_points": cfg.eval_max_points,
     }
-    return SceneSegmentationTask(
-        info,
-        {
-            "train": lambda: LasCropDataset(tiles["train"], cfg, features, train_tf, ctx.seed),
-            "val": make_eval("val"),
-            "test": make_eval("test"),
-        },
-        protocol=protocol,
-        state=state,
-    )
+    return SceneSegmentationTask(info, splits, protocol=protocol, state=state)
 
 
 predict_las_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads

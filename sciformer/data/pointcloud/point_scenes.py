@@ -36,7 +36,6 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
-from sciformer.data.pointcloud.dataset import PointDataset
 from sciformer.data.pointcloud.export import POINT_OUTPUTS, write_point_predictions
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
 from sciformer.data.pointcloud.predict_file import (
@@ -46,17 +45,15 @@ from sciformer.data.pointcloud.predict_file import (
     valid_points,
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
+from sciformer.data.pointcloud.scene_training import SceneCrops, scene_datasets
 from sciformer.data.pointcloud.scenes import (
     EvalTransformList,
-    SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
 )
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
-    CenterShift,
     Compose,
-    GridSample,
     Sample,
     SphereCrop,
     TransformList,
@@ -97,11 +94,7 @@ class PointScenesConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> PointScenesConfig:
-        table = class_table(self.classes)
-        if not table:
-            raise ValueError("classes: at least one class is needed")
-        if self.unmapped != "ignore" and self.unmapped not in table:
-            raise ValueError(f"unmapped: '{self.unmapped}' is neither 'ignore' nor a class ({', '.join(table)})")
+        check_classes(self.classes, self.unmapped)
         if self.columns is not None:
             try:
                 parse_columns(self.columns, "data.columns")
@@ -110,8 +103,8 @@ class PointScenesConfig(BaseModel):
         return self
 
 
-def class_table(classes: list[str] | dict[str, list[int]]) -> dict[str, list[int]]:
-    """``{class: [label values]}``; a list of names means label value k is class k."""
+def class_table(classes: list[str] | dict[str, list[int]], noun: str = "label value") -> dict[str, list[int]]:
+    """``{class: [label values]}``; a list of names means label value k is class k (each value once)."""
     if isinstance(classes, dict):
         table = {str(k): [int(v) for v in vs] for k, vs in classes.items()}
     else:
@@ -120,8 +113,19 @@ def class_table(classes: list[str] | dict[str, list[int]]) -> dict[str, list[int
     for name, values in table.items():
         for v in values:
             if v in seen:
-                raise ValueError(f"classes.{name}: label value {v} is already class '{seen[v]}'")
+                raise ValueError(f"classes.{name}: {noun} {v} is already class '{seen[v]}'")
             seen[v] = name
+    return table
+
+
+def check_classes(classes: list[str] | dict[str, list[int]], unmapped: str, noun: str = "label value") -> dict[str, list[int]]:
+    """The class table of a ``data:`` section, checked: one class at least, each ``noun`` (label
+    value, ASPRS code) in one class, ``unmapped`` 'ignore' or a class (ValueError for pydantic)."""
+    table = class_table(classes, noun)
+    if not table:
+        raise ValueError("classes: at least one class is needed")
+    if unmapped != "ignore" and unmapped not in table:
+        raise ValueError(f"unmapped: '{unmapped}' is neither 'ignore' nor a class ({', '.join(table)})")
     return table
 
 
@@ -230,31 +234,23 @@ class SceneFiles(SceneSource):
         return sample
 
 
-class SceneCropDataset(PointDataset):
+class SceneCropDataset(SceneCrops):
     """Training crops: ``crop_points`` nearest points to a random point of a (grid-sampled) file."""
 
     def __init__(self, files: SceneFiles, cfg: PointScenesConfig, features: list[str], transform: Compose, seed: int) -> None:
-        super().__init__(transform, features, train=True, seed=seed)
+        super().__init__(len(files), cfg.loop, cfg.grid_size, "min", features, transform, seed)
         self.files = files
         self.cfg = cfg
-        self._grid = GridSample(cfg.grid_size, mode="train") if cfg.grid_size else None
         self._crop = SphereCrop(cfg.crop_points, mode="random") if cfg.crop_points else None
-        self._shift = CenterShift(z="min")
-
-    def __len__(self) -> int:
-        return len(self.files) * self.cfg.loop
 
     def describe_item(self, index: int) -> str:
         return f"crop of {self.files.paths[index % len(self.files)]}"
 
     def load(self, index: int, rng: np.random.Generator) -> Sample:
-        sample = dict(self.files.load(index % len(self.files)))
-        if self._grid is not None:
-            sample = self._grid(sample, rng)
-            sample.pop("inverse", None)
+        sample = self.grid(dict(self.files.load(index % len(self.files))), rng)
         if self._crop is not None:
             sample = self._crop(sample, rng)
-        return self._shift(sample)
+        return self.shift(sample)
 
 
 def predict_point_scenes_file(
@@ -319,13 +315,10 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
     features = list(cfg.features)
     columns = cfg.columns if isinstance(cfg.columns, str) or cfg.columns is None else ",".join(cfg.columns)
     files = {s: SceneFiles(ps, cfg, features) for s, ps in paths.items()}
-    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
-                                "data.train_transforms")
-    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
-
-    def make_eval(split: str) -> Any:
-        return lambda: SceneEvalDataset(files[split], grid_size=cfg.grid_size, max_points=cfg.eval_max_points,
-                                        part_z="min", transform=eval_tf, features=features, seed=ctx.seed)
+    splits, transforms = scene_datasets(
+        cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: SceneCropDataset(files["train"], cfg, features, tf, ctx.seed),
+        files.__getitem__, features=features, part_z="min", seed=ctx.seed,
+    )
 
     info = DataInfo(num_classes=len(table), class_names=list(table), in_channels=feature_channels(features),
                     task="segmentation", features=list(features))
@@ -339,16 +332,9 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
         "crop": f"{cfg.crop_points} points around a random point" if cfg.crop_points else "whole files",
         "grid_size": cfg.grid_size,
         "test": "whole files, every point (export)" if paths["test"] else "none (data.test_files: [])",
-        "train_transforms": repr(train_tf),
-        "eval_transforms": repr(eval_tf),
+        **transforms,
     }
     state = {"classes": table, "unmapped": cfg.unmapped, "features": features, "grid_size": cfg.grid_size,
              "eval_max_points": cfg.eval_max_points, "columns": columns,
              "label_files": list(cfg.label_files) if cfg.label_files else None}
-    return SceneSegmentationTask(
-        info,
-        {"train": lambda: SceneCropDataset(files["train"], cfg, features, train_tf, ctx.seed),
-         "val": make_eval("val"), "test": make_eval("test")},
-        protocol=protocol,
-        state=state,
-    )
+    return SceneSegmentationTask(info, splits, protocol=protocol, state=state)

@@ -45,24 +45,20 @@ from sciformer.contracts import (
     default_data_root,
 )
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
-from sciformer.data.pointcloud.dataset import PointDataset
 from sciformer.data.pointcloud.file_predictors import predict_s3dis_file
 from sciformer.data.pointcloud.io import parse_text_table
 from sciformer.data.pointcloud.sample import check_features, feature_channels
+from sciformer.data.pointcloud.scene_training import SceneCrops, scene_datasets
 from sciformer.data.pointcloud.scenes import (
     EvalTransformList,
-    SceneEvalDataset,
     SceneSegmentationTask,
     SceneSource,
 )
 from sciformer.data.transforms import (
-    CenterShift,
     Compose,
-    GridSample,
     Sample,
     SphereCrop,
     TransformList,
-    build_transforms,
     index_points,
 )
 from sciformer.errors import ConfigError, DataError
@@ -228,34 +224,26 @@ def box_crop(sample: Sample, size: float, n: int, rng: np.random.Generator, trie
     return index_points(sample, pick)
 
 
-class S3DISTrainDataset(PointDataset):
+class S3DISTrainDataset(SceneCrops):
     """Training crops of grid-sampled rooms (a new crop each time an item is drawn)."""
 
     def __init__(self, records: list[dict[str, Any]], cfg: S3DISConfig, transform: Compose, seed: int) -> None:
-        super().__init__(transform, cfg.features, train=True, seed=seed)
+        super().__init__(len(records), cfg.loop, cfg.grid_size, "keep", cfg.features, transform, seed)
         self.records = records
         self.cfg = cfg
-        self._grid = GridSample(cfg.grid_size, mode="train") if cfg.grid_size else None
         self._sphere = SphereCrop(cfg.crop_points, mode="random")
-        self._shift = CenterShift(z="keep")
-
-    def __len__(self) -> int:
-        return len(self.records) * self.cfg.loop
 
     def describe_item(self, index: int) -> str:
         r = self.records[index % len(self.records)]
         return f"Area_{r['area']}/{r['room']}"
 
     def load(self, index: int, rng: np.random.Generator) -> Sample:
-        sample = load_room(self.records[index % len(self.records)]["folder"])
-        if self._grid is not None:
-            sample = self._grid(sample, rng)
-            sample.pop("inverse", None)
+        sample = self.grid(load_room(self.records[index % len(self.records)]["folder"]), rng)
         if self.cfg.crop == "sphere":
             sample = self._sphere(sample, rng)
         elif self.cfg.crop == "box":
             sample = box_crop(sample, self.cfg.box_size, self.cfg.crop_points, rng)
-        return self._shift(sample)
+        return self.shift(sample)
 
 
 def _split_rooms(records: list[dict[str, Any]], cfg: S3DISConfig, root: Path | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -298,15 +286,11 @@ def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
     cache_root = ctx.cache_dir / "s3dis" / cache_key("s3dis-v1", str(root.resolve()), cfg.malformed_lines)
     records = prepare_s3dis(root, cache_root, cfg.malformed_lines)
     rooms = _split_rooms(records, cfg, root)
-    train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
-                                "data.train_transforms")
-    eval_tf = build_transforms(cfg.eval_transforms, "data.eval_transforms")
-
-    def make_eval(split: str) -> Any:
-        return lambda: SceneEvalDataset(
-            S3DISRooms(rooms[split]), grid_size=cfg.grid_size, max_points=cfg.eval_max_points,
-            part_z="keep", transform=eval_tf, features=cfg.features, seed=ctx.seed, cache_dir=cache_root,
-        )
+    splits, transforms = scene_datasets(
+        cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: S3DISTrainDataset(rooms["train"], cfg, tf, ctx.seed),
+        lambda split: S3DISRooms(rooms[split]), features=cfg.features, part_z="keep", seed=ctx.seed,
+        cache_dir=cache_root,
+    )
 
     skipped = sum(len(v) for r in records for v in r["skipped_lines"].values())
     info = DataInfo(
@@ -328,8 +312,7 @@ def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
         "grid_size": cfg.grid_size,
         "crop": cfg.crop if cfg.crop == "none" else f"{cfg.crop} of {cfg.crop_points} points",
         "malformed_lines": f"{cfg.malformed_lines} ({skipped} skipped)",
-        "train_transforms": repr(train_tf),
-        "eval_transforms": repr(eval_tf),
+        **transforms,
     }
     state = {
         "features": list(cfg.features),
@@ -337,13 +320,4 @@ def build_s3dis(cfg: S3DISConfig, ctx: BuildContext) -> SceneSegmentationTask:
         "eval_max_points": cfg.eval_max_points,
         "class_aliases": dict(CLASS_ALIASES),
     }
-    return SceneSegmentationTask(
-        info,
-        {
-            "train": lambda: S3DISTrainDataset(rooms["train"], cfg, train_tf, ctx.seed),
-            "val": make_eval("val"),
-            "test": make_eval("test"),
-        },
-        protocol=protocol,
-        state=state,
-    )
+    return SceneSegmentationTask(info, splits, protocol=protocol, state=state)

@@ -46,7 +46,7 @@ def test_code_table() -> None:
 @pytest.mark.parametrize(
     ("update", "needle"),
     [
-        ({"classes": {"a": [2], "b": [2, 3]}}, "code 2 is already mapped to 'a'"),
+        ({"classes": {"a": [2], "b": [2, 3]}}, "code 2 is already class 'a'"),
         ({"classes": {"a": [300]}}, "outside the ASPRS range"),
         ({"unmapped": "rest"}, "neither 'ignore' nor a class"),
         ({"test_files": ["a.las"]}, "'a.las' is also in train_files"),
