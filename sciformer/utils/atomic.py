@@ -4,12 +4,14 @@ Write to a temporary name in the same folder, flush, fsync, give it the mode a p
 ``open(path, "w")`` would (the existing file's mode, else ``0o666`` less the umask,
 not ``mkstemp``'s 0600), rename over ``path``, fsync the folder. A crash or kill at
 any moment leaves either the previous file or the new one, never a truncated file.
+:func:`atomic_folder` does the same for a folder of files (preprocessing caches).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -83,6 +85,32 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[Path], Non
     with _replacing(Path(path)) as (fd, tmp):
         os.close(fd)
         writer(tmp)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling folder to fill; on success it becomes ``path`` by the same rules.
+
+    Its files are fsynced, the folder gets the mode a plain ``mkdir`` leaves
+    (``0o777`` less the umask, not ``mkdtemp``'s 0700) and is renamed to ``path``
+    (which must not exist or be empty); on failure it is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        for child in tmp.iterdir():
+            if child.is_file():
+                with open(child, "rb+") as handle:
+                    os.fsync(handle.fileno())
+        os.chmod(tmp, 0o777 & ~current_umask())
+        _fsync_dir(tmp)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sciformer.utils.atomic import (
+    atomic_folder,
     atomic_open,
     atomic_write_bytes,
     atomic_write_text,
@@ -77,3 +78,25 @@ def test_failed_write_leaves_the_previous_file(tmp_path: Path) -> None:
         raise RuntimeError("killed")
     assert path.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_atomic_folder_gets_the_plain_mkdir_mode(tmp_path: Path, umask, mask: int) -> None:
+    umask(mask)
+    (tmp_path / "oracle").mkdir()  # the oracle: what a plain mkdir gives
+    expected = _mode(tmp_path / "oracle")
+    (tmp_path / "oracle").rmdir()
+    with atomic_folder(tmp_path / "cache" / "entry") as tmp:
+        np.save(tmp / "a.npy", np.arange(3))
+        assert not (tmp_path / "cache" / "entry").exists()  # nothing at the final name before the block ends
+    folder = tmp_path / "cache" / "entry"
+    assert _mode(folder) == expected
+    assert _mode(folder / "a.npy") == 0o666 & ~mask
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["entry"]
+
+
+def test_failed_atomic_folder_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), atomic_folder(tmp_path / "entry") as tmp:
+        (tmp / "part.npy").write_bytes(b"x")
+        raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sciformer.utils.atomic import atomic_folder
 
 
 def cache_key(*parts: Any) -> str:
@@ -30,22 +29,16 @@ def file_identity(path: Path) -> list[Any]:
 
 
 def save_arrays_atomic(folder: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> None:
-    """Write ``arrays`` as ``<key>.npy`` files (and ``meta.json``) into ``folder`` atomically."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    """Write ``arrays`` as ``<key>.npy`` files (and ``meta.json``) into ``folder`` atomically
+    (:func:`~sciformer.utils.atomic.atomic_folder`); a folder another process completed first is kept."""
     try:
-        for key, value in arrays.items():
-            np.save(tmp / f"{key}.npy", value)
-        (tmp / "meta.json").write_text(json.dumps(meta or {}, indent=1))
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process finished first
-            if not (folder / "meta.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with atomic_folder(folder) as tmp:
+            for key, value in arrays.items():
+                np.save(tmp / f"{key}.npy", value)
+            (tmp / "meta.json").write_text(json.dumps(meta or {}, indent=1))
+    except OSError:  # another process finished first
+        if not (folder / "meta.json").is_file():
+            raise
 
 
 def load_arrays(folder: Path, keys: Sequence[str], mmap: bool = True) -> dict[str, np.ndarray]:
