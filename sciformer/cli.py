@@ -196,7 +196,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("optional backends:")
     for dist, purpose in [
         ("pykdtree", "fast CPU kNN"), ("fpsample", "fast CPU farthest point sampling"), ("torch-cluster", "CUDA kNN backend"),
-        ("torch-geometric", "PyG interop"), ("open3d", "fast binary PLY/PCD reading"), ("laspy", "LAS/LAZ LiDAR"), ("lazrs", "LAZ decompression"),
+        ("torch-geometric", "PyG interop"), ("open3d", "fast compressed-PCD reading"), ("laspy", "LAS/LAZ LiDAR"), ("lazrs", "LAZ decompression"),
         ("tensorly", "built-in Indian Pines scene"), ("tensorboard", "TensorBoard logs"), ("rasterio", "GeoTIFF maps and cubes"),
     ]:
         try:

@@ -15,7 +15,7 @@ Formats: PLY (ascii, binary_little_endian, binary_big_endian), PCD (ascii, binar
 binary_compressed with a built-in LZF decoder), text tables (.xyz .txt .pts .csv),
 .npy/.npz, OFF meshes (with the ModelNet quirk ``OFF3514 3546 0`` on one line) and
 LAS/LAZ (laspy; ``pip install "laspy[lazrs]"`` for .laz). open3d is never required: when
-installed it reads plain PLY/PCD files (:mod:`sciformer.data.pointcloud.open3d_io`).
+installed it reads compressed PCD files (:mod:`sciformer.data.pointcloud.open3d_io`).
 
 :func:`write_ply` writes binary little-endian PLY atomically; :func:`sample_mesh_surface`
 samples points uniformly on a triangle mesh.
@@ -310,7 +310,7 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
         raise DataError(f"{path}: no such file")
     regular_file(path, "point-cloud file")  # a folder, a FIFO (would hang) or a device (would never end)
     suffix = path.suffix.lower()
-    fast = read_with_open3d(path, keep_invalid) if suffix in (".ply", ".pcd") else None  # open3d when installed
+    fast = read_with_open3d(path, keep_invalid) if suffix == ".pcd" else None  # compressed PCD: open3d when installed
     if fast is not None:
         data = fast
     elif suffix == ".ply":

@@ -1,14 +1,14 @@
-"""open3d as the fast reader of plain PLY / PCD point files, when it is installed.
+"""open3d as the fast reader of compressed PCD files, when it is installed.
 
-:func:`read_with_open3d` reads a file with open3d's C++ readers when the file holds only
-what open3d reads losslessly (x, y, z, normals, 8-bit colour; one ``vertex`` element for
-PLY, single-count fields for PCD), is binary (ASCII files stay with the pure readers, which
-tell a short file from a full one) and its header agrees with its size; otherwise (or
-without open3d, or with ``SCIFORMER_NO_OPEN3D=1``) it returns None and the pure readers
-of :mod:`sciformer.data.pointcloud.ply` / :mod:`~sciformer.data.pointcloud.pcd` read it.
-Both give identical arrays (``coord`` float64, ``normal`` float32, ``colour`` float32 =
-value / 255); a test checks it on real scans. The gain is largest on compressed PCD
-(the pure LZF decoder is Python).
+Measured (``benchmarks/bench_point_io.py``, 1M real points): sciformer's pure readers read
+binary PLY and binary PCD with numpy faster than open3d does, but its LZF decoder is Python,
+so open3d reads ``binary_compressed`` PCD about 6x faster. :func:`read_with_open3d`
+therefore reads a PCD file with open3d when it is ``binary_compressed``, holds only what
+open3d reads losslessly (x, y, z, normals, 8-bit ``rgb``; single-count float fields) and
+its header agrees with its size; otherwise (or without open3d, or with
+``SCIFORMER_NO_OPEN3D=1``) it returns None and :mod:`sciformer.data.pointcloud.pcd` reads
+it. Both give identical arrays (``coord`` float64, ``normal`` float32, ``colour`` float32
+= value / 255); a test checks it on real scans.
 """
 
 from __future__ import annotations
@@ -21,11 +21,7 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData
 
-_PLY_FIELDS = {"x", "y", "z", "nx", "ny", "nz", "red", "green", "blue"}
 _PCD_FIELDS = {"x", "y", "z", "normal_x", "normal_y", "normal_z", "rgb"}
-_PLY_SIZES = {"char": 1, "int8": 1, "uchar": 1, "uint8": 1, "short": 2, "int16": 2, "ushort": 2, "uint16": 2,
-              "int": 4, "int32": 4, "uint": 4, "uint32": 4, "float": 4, "float32": 4, "double": 8, "float64": 8}
-_FLOATS = {"float", "float32", "double", "float64"}
 
 
 def open3d_available() -> bool:
@@ -35,52 +31,7 @@ def open3d_available() -> bool:
     return importlib.util.find_spec("open3d") is not None
 
 
-def _ply_plan(path: Path) -> tuple[bool, bool, int, bool] | None:
-    """(has normals, has colour, points, float32 coordinates) if open3d reads this PLY exactly, else None."""
-    with open(path, "rb") as fh:
-        if fh.readline().strip() != b"ply":
-            return None
-        fmt, elements, props = "", [], []
-        for _ in range(200):
-            words = fh.readline().decode("ascii", errors="replace").split()
-            if not words or words[0] in ("comment", "obj_info"):
-                continue
-            if words[0] == "format":
-                fmt = words[1] if len(words) > 1 else ""
-            elif words[0] == "element" and len(words) == 3:
-                elements.append((words[1], int(words[2]) if words[2].isdigit() else -1))
-            elif words[0] == "property":
-                if len(elements) != 1 or len(words) != 3 or words[1] not in _PLY_SIZES:
-                    return None  # a list property, or a property of another element
-                props.append((words[2], words[1]))
-            elif words[0] == "end_header":
-                break
-        else:
-            return None
-        start = fh.tell()
-    names = {n for n, _ in props}
-    if len(elements) != 1 or elements[0][0] != "vertex" or elements[0][1] <= 0 or len(names) != len(props):
-        return None
-    types = dict(props)
-    if not {"x", "y", "z"} <= names <= _PLY_FIELDS or any(types[c] not in _FLOATS for c in ("x", "y", "z")):
-        return None
-    colour = {"red", "green", "blue"} <= names
-    normal = {"nx", "ny", "nz"} <= names
-    if (names & {"red", "green", "blue"} and not colour) or (names & {"nx", "ny", "nz"} and not normal):
-        return None
-    if colour and any(types[c] not in ("uchar", "uint8") for c in ("red", "green", "blue")):
-        return None
-    if normal and any(types[c] not in _FLOATS for c in ("nx", "ny", "nz")):
-        return None
-    if not fmt.startswith("binary"):
-        return None  # ASCII: open3d cannot tell a short file from a full one (and prints to stderr)
-    record = sum(_PLY_SIZES[t] for _, t in props)
-    if path.stat().st_size < start + record * elements[0][1]:
-        return None  # truncated: the pure reader says so in one line
-    return normal, colour, elements[0][1], types["x"] in ("float", "float32")
-
-
-def _pcd_plan(path: Path) -> tuple[bool, bool, int, bool] | None:
+def _pcd_plan(path: Path, compressed_only: bool = False) -> tuple[bool, bool, int, bool] | None:
     """(has normals, has colour, points, float32 coordinates) if open3d reads this PCD exactly, else None."""
     header: dict[str, list[str]] = {}
     with open(path, "rb") as fh:
@@ -113,6 +64,8 @@ def _pcd_plan(path: Path) -> tuple[bool, bool, int, bool] | None:
     normal = {"normal_x", "normal_y", "normal_z"} <= set(fields)
     if set(fields) & {"normal_x", "normal_y", "normal_z"} and not normal:
         return None
+    if compressed_only and mode != "binary_compressed":
+        return None  # numpy reads uncompressed binary faster than open3d (benchmarks/bench_point_io.py)
     record = sum(sizes)
     size = path.stat().st_size
     if mode == "binary" and size < start + record * npoints:
@@ -129,17 +82,17 @@ def _pcd_plan(path: Path) -> tuple[bool, bool, int, bool] | None:
 
 
 def read_with_open3d(path: Path, keep_invalid: bool = False) -> PointData | None:
-    """The arrays of a plain PLY / PCD file read by open3d, or None (use the pure reader).
+    """The arrays of a compressed PCD file read by open3d, or None (use the pure reader).
 
-    PCD points with non-finite coordinates are dropped unless ``keep_invalid``, as the pure
-    reader does; PLY points are kept (the caller checks them).
+    Points with non-finite coordinates are dropped unless ``keep_invalid``, as the pure
+    reader does.
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix not in (".ply", ".pcd") or not open3d_available():
+    if suffix != ".pcd" or not open3d_available():
         return None
     try:
-        plan = _ply_plan(path) if suffix == ".ply" else _pcd_plan(path)
+        plan = _pcd_plan(path, compressed_only=True)
     except (OSError, ValueError):
         return None
     if plan is None:
@@ -158,7 +111,7 @@ def read_with_open3d(path: Path, keep_invalid: bool = False) -> PointData | None
         out["normal"] = np.asarray(cloud.normals).astype(np.float32)  # (n, 3)
     if has_colour:
         out["colour"] = np.asarray(cloud.colors).astype(np.float32)  # (n, 3) value / 255
-    if suffix == ".pcd" and not keep_invalid:
+    if not keep_invalid:
         keep = np.all(np.isfinite(coord), axis=1)  # organised clouds mark holes with NaN
         if not keep.all():
             out = {k: v[keep] for k, v in out.items()}
