@@ -132,8 +132,3 @@ def npz_members(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...]
             out[member.filename[:-4]] = (tuple(int(s) for s in shape), dtype, stored)
     return out
 
-
-def check_class_ids(low: float, high: float, where: str) -> None:
-    """Refuse label ids outside [-1, MAX_CLASS_ID] (a corrupt label, not a class)."""
-    if not (-1 <= low and high <= MAX_CLASS_ID):
-        raise DataError(f"{where}: label ids {low:g}..{high:g} are not plausible class ids (expected 0..{MAX_CLASS_ID})")

@@ -5,14 +5,12 @@ See :mod:`sciformer.data.pointcloud.sample` for the sample and packed-batch layo
 
 from __future__ import annotations
 
-import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from sciformer.contracts import SPLITS, Batch, DataInfo, TaskData
@@ -55,39 +53,6 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[
     return keep, out
 
 
-class WorkerRNG:
-    """A numpy Generator re-seeded in each DataLoader worker and epoch.
-
-    In a worker it is seeded from ``seed`` and the worker's torch seed, which the
-    DataLoader derives per epoch from its generator (or torch's global one), so
-    draws are reproducible. In the main process it is seeded from ``seed`` and the
-    epoch given to :meth:`set_epoch` (0 until then) and keeps advancing, so each
-    epoch draws new crops; calling ``set_epoch`` makes a resumed run draw what an
-    uninterrupted one would.
-    """
-
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed)
-        self.epoch = 0
-        self._key: tuple[int, int | None, int] | None = None
-        self._rng: np.random.Generator | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def get(self) -> np.random.Generator:
-        info = torch.utils.data.get_worker_info()
-        key = (os.getpid(), None if info is None else int(info.seed), self.epoch)
-        if key != self._key or self._rng is None:
-            self._key = key
-            entropy = [self.seed, self.epoch] if info is None else [self.seed, self.epoch, int(info.seed) % 2**63]
-            self._rng = np.random.default_rng(entropy)
-        return self._rng
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "_key": None, "_rng": None}
-
-
 class PointDataset(Dataset):
     """Base of the point datasets: ``load(i, rng)`` -> transforms -> feature assembly.
 
@@ -101,7 +66,7 @@ class PointDataset(Dataset):
         self.features = list(features)
         self.train = train
         self.seed = int(seed)
-        self._worker_rng = WorkerRNG(seed)
+        self.epoch = 0  # training draws: set by set_epoch
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -111,8 +76,9 @@ class PointDataset(Dataset):
         """The raw sample ``index`` (before the configured transforms)."""
 
     def set_epoch(self, epoch: int) -> None:
-        """Tie training randomness to ``epoch`` (see :class:`WorkerRNG`); optional for callers."""
-        self._worker_rng.set_epoch(epoch)
+        """Tie training randomness to ``epoch`` (0 until set), so each epoch draws new crops and a
+        resumed run draws what an uninterrupted one would; optional for callers."""
+        self.epoch = int(epoch)
 
     def describe_item(self, index: int) -> str:
         """Name of item ``index`` for error messages."""
@@ -122,7 +88,7 @@ class PointDataset(Dataset):
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} items")
         # training draws are decided by (seed, epoch, sample): alike in any worker, rank or resumed run
-        rng = np.random.default_rng([self.seed, self._worker_rng.epoch, index, _TRAIN_STREAM]) if self.train else np.random.default_rng([self.seed, index])
+        rng = np.random.default_rng([self.seed, self.epoch, index, _TRAIN_STREAM]) if self.train else np.random.default_rng([self.seed, index])
         sample = self.load(index, rng)
         sample = self.transform(sample, rng)
         return assemble_features(sample, self.features, self.describe_item(index))
