@@ -107,3 +107,25 @@ def test_train_matches_the_command_line(hsi: dict[str, Path], tmp_path: Path) ->
     for run in ("api", "cli"):
         log = (tmp_path / run / "train.log").read_text()
         assert "run folder:" in log and "epoch 1/1" in log and "test results" in log
+
+
+def test_shape_predict_equals_the_command_line(tmp_path: Path) -> None:
+    from synthetic import write_modelnet_h5
+
+    root = write_modelnet_h5(tmp_path / "mn", ["bed", "chair"], per_class=(5, 1), points=64)
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(ROOT / "experiments" / "modelnet10.yaml"), "-o", str(run), f"data.root={root}",
+                 "data.num_points=64", "data.train_transforms=[]", "data.eval_transforms=[]",
+                 "data.vote_transforms=[{name: random_jitter, sigma: 0.01}]", "model.channels=[8,16]",
+                 "model.blocks=[0,1]", "model.strides=[1,4]", "train.epochs=1", "train.batch_size=2",
+                 "train.threads=1", "evaluation.votes=1"]) == 0
+    shape = tmp_path / "shape.npy"
+    points = np.random.default_rng(3).normal(size=(64, 3)) * 0.1 + 1.0
+    np.save(shape, points)
+    out = tmp_path / "shape_probs.npy"
+    assert main(["predict", "--checkpoint", str(run), "-i", str(shape), "-o", str(out), "--votes", "3"]) == 0
+    model = sciformer.load(run)
+    assert model.kind == "shape" and model.class_names == ["bed", "chair"]
+    for pred in (model.predict(shape, votes=3), model.predict(points, votes=3)):
+        np.testing.assert_array_equal(pred.probabilities, np.load(out))
+        assert pred.labels.shape == () and int(pred.labels) == int(np.load(out).argmax())

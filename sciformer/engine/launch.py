@@ -88,6 +88,8 @@ def run_training(exp: Experiment, run_dir: Path, state: dict[str, Any] | None = 
         try:
             if trainer.dist.is_main:
                 run_log.attach(run_dir / "train.log", append=state is not None)
+            else:
+                run_log.drop()
             result = trainer.fit()
         finally:
             shutdown(trainer.dist)

@@ -75,8 +75,11 @@ class RunLog:
         self._saved: tuple[Any, Any] | None = None
         self._tees: list[_Tee] = []
         self._showwarning: Any = warnings.showwarning
+        self._dropped = False
 
     def _sink(self, line: str) -> None:
+        if self._dropped:
+            return
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()
@@ -92,6 +95,10 @@ class RunLog:
             self._file.write(line + "\n")
         self._file.flush()
         self._lines = []
+
+    def drop(self) -> None:
+        """Keep no lines (a process that writes no log, e.g. a rank other than 0)."""
+        self._dropped, self._lines = True, []
 
     def __enter__(self) -> RunLog:
         self._saved = (sys.stdout, sys.stderr)
