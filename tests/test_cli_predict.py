@@ -145,3 +145,20 @@ def test_raw_bin_scan_needs_its_columns(run: Path, scans: Path, tmp_path: Path, 
     assert predict(run, "-i", str(scan), "-o", str(tmp_path / "a.npy"), "--columns", "x,y,z,intensity") == 0
     assert predict(run, "-i", str(scans / "demo_000700_points.npy"), "-o", str(tmp_path / "b.npy")) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))  # same points, same labels
+
+
+def test_inference_applies_the_training_thread_default(run: Path) -> None:
+    """Loading a model for inference sets train.threads as training does (null: the measured best)."""
+    import torch
+
+    from sciformer.engine.inference import load_for_inference
+    from sciformer.engine.runtime import default_threads
+
+    before = torch.get_num_threads()
+    try:
+        load_for_inference(run, ["train.threads=3"])
+        assert torch.get_num_threads() == 3
+        load_for_inference(run, ["train.threads=null"])
+        assert torch.get_num_threads() == default_threads()
+    finally:
+        torch.set_num_threads(before)

@@ -17,7 +17,7 @@ from sciformer.contracts import PredictFn
 from sciformer.engine import builders
 from sciformer.engine.checkpoint import load_checkpoint
 from sciformer.engine.loops import autocast, to_device
-from sciformer.engine.runtime import pick_device
+from sciformer.engine.runtime import apply_threads, pick_device
 from sciformer.errors import CheckpointError, SciformerError
 
 RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
@@ -55,6 +55,7 @@ def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str |
     """
     state = load_checkpoint(ckpt_path, in_run="best.pt")  # a run folder: the model its metrics.json reports
     exp = checkpoint_experiment(state, ckpt_path, list(overrides) + trained_feature_overrides(state, overrides))
+    apply_threads(exp.cfg.train.threads)  # as in training: train.threads, null the measured best
     device = pick_device(device_name or exp.cfg.train.device)
     try:
         info = builders.data_info_from_dict(state["data_info"])

@@ -66,6 +66,14 @@ def default_threads(cores: int | None = None) -> int:
     return MEASURED_BEST_THREADS.get(cores, torch.get_num_threads())
 
 
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op threads to ``train.threads`` (``None``: :func:`default_threads`), for
+    training and inference alike; returns the count set."""
+    count = threads if threads is not None else default_threads()
+    torch.set_num_threads(count)
+    return count
+
+
 def environment(device: torch.device, seed: int) -> dict[str, Any]:
     """Versions, device and seed recorded in every run folder."""
     info: dict[str, Any] = {

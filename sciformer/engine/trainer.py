@@ -40,7 +40,7 @@ from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.report import write_evaluation
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
 from sciformer.engine.runtime import (
-    default_threads,
+    apply_threads,
     environment,
     epoch_seed,
     pick_device,
@@ -89,7 +89,7 @@ class Trainer:
     def _setup(self, log: Any) -> None:
         exp, t, resume_state = self.exp, self.cfg.train, self.resume_state
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
-        torch.set_num_threads(t.threads if t.threads is not None else default_threads())  # null: measured best
+        apply_threads(t.threads)  # null: the measured best
         if t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
             torch.backends.cudnn.benchmark = False
