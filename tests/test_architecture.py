@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sciformer"
 
 # Lower numbers sit lower. A module may import its own layer and the ones below.
 LAYERS: dict[str, int] = {
-    "sciformer": 0,  # the package root: __version__ only
+    "sciformer": 0,  # the package root: __version__, and the API names it imports lazily by name (importlib)
     "sciformer.errors": 0,
     "sciformer.utils": 0,
     "sciformer.contracts": 1,
