@@ -186,6 +186,16 @@ def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:
         raise DataError(f"{other}: cannot read labels ({type(exc).__name__}: {exc})") from exc
 
 
+def point_sample(data: dict[str, np.ndarray]) -> Sample:
+    """The fields of a read file a scene sample keeps: coord (n, 3) float64; colour (n, 3),
+    intensity (n,) and normal (n, 3) float32 where the file has them."""
+    sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64)}
+    for key in ("colour", "intensity", "normal"):
+        if key in data:
+            sample[key] = np.asarray(data[key], dtype=np.float32)
+    return sample
+
+
 class SceneFiles(SceneSource):
     """Labelled scene files read on access (a few kept in memory); invalid points dropped."""
 
@@ -219,10 +229,8 @@ class SceneFiles(SceneSource):
         if len(raw) != len(data["coord"]):
             raise DataError(f"{path}: {len(raw)} labels for {len(data['coord'])} points")
         require_features(path, data, self.features, training=True)
-        sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64), "label": map_labels(raw, self.table, self.cfg.unmapped)}
-        for key in ("colour", "intensity", "normal"):
-            if key in data:
-                sample[key] = np.asarray(data[key], dtype=np.float32)
+        sample = point_sample(data)
+        sample["label"] = map_labels(raw, self.table, self.cfg.unmapped)
         ok = valid_points(sample, self.features)
         if not ok.all():
             sample = index_points(sample, np.flatnonzero(ok))
@@ -276,10 +284,7 @@ def predict_point_scenes_file(
     features = list(state_value(state, "features", "point_scenes"))
     data = read_cloud(input_path, options.columns or state.get("columns"))
     require_features(input_path, data, features)
-    sample: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64)}
-    for key in ("colour", "intensity", "normal"):
-        if key in data:
-            sample[key] = np.asarray(data[key], dtype=np.float32)
+    sample = point_sample(data)
     label_files = state.get("label_files")
     raw = data.get("label")
     if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():
