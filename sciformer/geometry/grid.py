@@ -93,9 +93,9 @@ def grid_pool(
                 lo = torch.full((b_count, dim), math.inf, dtype=torch.float64, device=device)
                 lo = lo.scatter_reduce(0, batch.unsqueeze(1).expand(-1, dim), c64, "amin")  # (B, D)
                 lo = lo.index_select(0, batch)  # (N, D)
-            cell = torch.floor((c64 - lo) / size).to(torch.int64)  # (N, D) >= 0
+            cell = _cells(torch.floor((c64 - lo) / size))  # (N, D) >= 0
         else:
-            cell = torch.floor(c64 / size).to(torch.int64)
+            cell = _cells(torch.floor(c64 / size))
             cell -= cell.min(dim=0).values  # shift to >= 0; membership unchanged
         order, new_run = _sort_cells(batch, cell)  # (N,), (N,) bool: first point of each voxel
         first = new_run.nonzero().flatten()  # (V,) positions in sorted order
@@ -124,6 +124,19 @@ def grid_unpool(pooled: torch.Tensor, cluster: torch.Tensor) -> torch.Tensor:
         pooled: (V, C), cluster: (N,) -> (N, C)
     """
     return pooled[cluster]
+
+
+def _cells(floor: torch.Tensor) -> torch.Tensor:
+    """Integer voxel coordinates of float64 ``floor`` values, in the same order per axis.
+
+    Beyond int64 (a point 1e20 voxels away, e.g. a FLT_MAX no-data point) a cast would wrap
+    and merge far voxels with near ones; there each axis is replaced by its dense rank.
+
+    Shapes: floor (N, D) float64 -> (N, D) int64
+    """
+    if float(floor.abs().max()) < 2.0**62:
+        return floor.to(torch.int64)
+    return torch.stack([torch.unique(col, return_inverse=True)[1] for col in floor.unbind(dim=1)], dim=1)
 
 
 def _sort_cells(batch: torch.Tensor, cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

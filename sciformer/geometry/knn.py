@@ -197,13 +197,32 @@ def neighbour_search(
         )
 
     dtype = torch.promote_types(query.dtype, support.dtype)
-    q = query.detach().to(dtype)
-    s = q if support is query else support.detach().to(dtype)  # backends may reuse work for q is s
+    work = torch.float64 if _overflows(query, support, dtype) else dtype
+    q = query.detach().to(work)
+    s = q if support is query else support.detach().to(work)  # backends may reuse work for q is s
     with torch.no_grad():
         index, dist = SEARCH_BACKENDS[name](q, s, q_sizes, s_sizes, k_search, radius)
+    dist = dist.to(dtype)
     if not include_self:
         index, dist = _drop_self(index, dist)
     return Neighbours(*_apply_fill(index, dist, fill, caller, k, radius))
+
+
+def _overflows(query: torch.Tensor, support: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether squared distances among the points overflow ``dtype`` (then searched in float64).
+
+    KD-trees report an infinite distance as "no neighbour" (an index past the end) and brute
+    force ranks every candidate alike, so a float32 cloud spanning more than ~5e18 (e.g. a
+    FLT_MAX no-data point) would get wrong neighbours.
+    """
+    if not dtype.is_floating_point or dtype == torch.float64:
+        return False
+    safe = torch.finfo(dtype if dtype != torch.float16 else torch.float32).max ** 0.5 / 4
+    span = 0.0
+    for pts in (query,) if support is query else (query, support):
+        lo, hi = torch.aminmax(pts.detach())
+        span = max(span, float(hi) - float(lo))
+    return span > safe
 
 
 def _drop_self(index: torch.Tensor, dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

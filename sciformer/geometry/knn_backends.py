@@ -318,7 +318,9 @@ def _scipy_search(*args):
 def _brute_cloud(q: torch.Tensor, s: torch.Tensor, k: int, radius: float | None):
     """Chunked brute force: rank by ``|s|^2 - 2 q.s`` (one matmul), then recompute exactly."""
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
-    center = s.to(work).mean(dim=0, keepdim=True)  # centring limits cancellation in the ranking
+    # centring limits cancellation in the ranking; the median, since one far outlier would move
+    # the mean so far that every other point's |s|^2 swamps its distances (all neighbours wrong)
+    center = s.to(work).median(dim=0, keepdim=True).values  # (1, D)
     sc, qc = s.to(work) - center, q.to(work) - center
     s_sq = sc.square().sum(dim=1).unsqueeze(0)  # (1, n)
     budget = 1 << (26 if q.is_cuda else 22)  # distance-matrix elements per chunk

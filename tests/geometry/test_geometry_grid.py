@@ -134,3 +134,19 @@ def test_segment_mean_per_cloud_and_gradient() -> None:
     torch.testing.assert_close(out, torch.tensor([[1.0, 2.0], [0.0, 0.0], [7.0, 8.0]], dtype=torch.float64))
     out.sum().backward()
     torch.testing.assert_close(x.grad[:, 0], torch.tensor([0.5, 0.5, 0.25, 0.25, 0.25, 0.25], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("far", [1e20, 1e38, 1e300])
+def test_grid_pool_keeps_voxels_apart_beyond_int64(far):
+    """Voxel coordinates past int64 (a FLT_MAX no-data point 1e38 away) once wrapped in the
+    cast and merged every point of the cloud into one voxel; oracle: numpy's unique voxels."""
+    rng = np.random.default_rng(2)
+    c = rng.random((300, 3)) * 10
+    c[0], c[1] = far, -far
+    pooled = grid_pool(torch.from_numpy(c), 0.5, reduce="mean")
+    cell = np.floor((c - c.min(axis=0)) / 0.5)
+    _, oracle = np.unique(cell, axis=0, return_inverse=True)
+    ours = pooled.cluster.numpy()
+    assert len(pooled.count) == oracle.max() + 1
+    pairs = set(zip(ours.tolist(), oracle.reshape(-1).tolist()))
+    assert len(pairs) == len(pooled.count)  # the same partition of the points

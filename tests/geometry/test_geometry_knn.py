@@ -344,3 +344,24 @@ def test_knn_cuda_brute_matches_cpu_kdtree():
     torch.testing.assert_close(got.dist.cpu(), want.dist, atol=1e-4, rtol=0)
     agree = (got.index.cpu().sort(1).values == want.index.sort(1).values).all(1).float().mean()
     assert float(agree) > 0.99
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS + ["auto"])
+@pytest.mark.parametrize("far", [3.4e38, 1e30, 1e20, 1e5])
+def test_float32_cloud_with_a_far_point_matches_float64_ckdtree(backend, far):
+    """Squared distances past float32's range (a FLT_MAX no-data point) once made KD-trees
+    return indices past the end (4294967295); brute force, centred on the mean, got every
+    neighbour wrong from an outlier at 1e4."""
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(5)
+    pts = rng.random((140, 3)).astype(np.float32)
+    pts[0] = far
+    res = knn(torch.from_numpy(pts), None, 16, backend=backend)
+    assert res.dist.dtype == torch.float32
+    o_dist, o_idx = cKDTree(pts.astype(np.float64)).query(pts.astype(np.float64), k=16)
+    index = res.index.numpy()
+    assert index.min() >= 0 and index.max() < 140
+    np.testing.assert_array_equal(index[1:], o_idx[1:])  # the near points: exact neighbours
+    assert set(index[0].tolist()) == set(o_idx[0].tolist()) or index[0, 0] == 0  # far point: itself first
+    np.testing.assert_allclose(res.dist.numpy()[1:], o_dist[1:], rtol=1e-5, atol=1e-6)
