@@ -17,7 +17,8 @@ Formats (by the output suffix; nothing else is written):
   scales, offsets, VLRs (CRS as WKT or GeoTIFF keys) and every dimension kept; the predicted
   class in ``classification`` as an ASPRS code (``asprs_codes[k]`` for class k), and extra
   dimensions ``original_classification`` (uint8), ``confidence`` (float32) and, with
-  ``probabilities``, ``prob_<k>`` (float32).
+  ``probabilities``, ``prob_<k>`` (float32). An input that already has
+  ``original_classification`` (a predicted tile predicted again) keeps it unchanged.
 
 Every file is written atomically (temporary file + rename).
 """
@@ -163,6 +164,12 @@ def write_las_predictions(
     if probabilities:
         extra.update({f"prob_{k}": (np.float32, prediction.probs[:, k]) for k in range(num_classes)})
     have = set(las.point_format.dimension_names)
+    if "original_classification" in have:  # a predicted tile again: its first classification stays
+        del extra["original_classification"]
+    for name in extra:
+        if name in have and np.asarray(las[name]).dtype != np.float32:
+            raise DataError(f"{source}: the input already has a dimension '{name}' of type {np.asarray(las[name]).dtype}; "
+                            f"predictions write '{name}' as float32; rename or drop it first (e.g. with PDAL or laspy)")
     add = [laspy.ExtraBytesParams(name=name, type=dt, description=_describe(name)) for name, (dt, _) in extra.items()
            if name not in have]
     with laspy_errors(output_path, "LAS/LAZ output"):

@@ -46,20 +46,25 @@ def from_named_columns(path: Path | str, columns: dict[str, np.ndarray]) -> Poin
     cols = {k.lower(): v for k, v in columns.items()}
     if not all(c in cols for c in ("x", "y", "z")):
         raise fail(path, f"no x, y, z fields (found: {', '.join(columns) or 'none'})")
-    out: PointData = {"coord": np.stack([cols.pop(c) for c in ("x", "y", "z")], axis=1).astype(np.float64)}
+
+    def take(name: str) -> np.ndarray:
+        return numeric(path, cols.pop(name), f"field '{name}'")
+
+    with np.errstate(invalid="ignore"):  # NaN bit patterns (raw scans) stay NaN: invalid points, no warning
+        out: PointData = {"coord": np.stack([take(c) for c in ("x", "y", "z")], axis=1).astype(np.float64)}
     for names in _NORMAL_NAMES:
         if all(c in cols for c in names):
-            out["normal"] = np.stack([cols.pop(c) for c in names], axis=1).astype(np.float32)  # (n, 3)
+            out["normal"] = np.stack([take(c) for c in names], axis=1).astype(np.float32)  # (n, 3)
             break
     for names in _COLOUR_NAMES:
         if all(c in cols for c in names):
-            rgb = np.stack([cols.pop(c) for c in names], axis=1)  # (n, 3)
+            rgb = np.stack([take(c) for c in names], axis=1)  # (n, 3)
             out["colour"] = scale_colour(rgb)
             cols.pop("alpha", None)
             break
     for name in _INTENSITY_NAMES:
         if name in cols:
-            out["intensity"] = np.asarray(cols.pop(name), dtype=np.float32)  # (n,)
+            out["intensity"] = take(name).astype(np.float32)  # (n,)
             break
     for name in _LABEL_NAMES:
         if name in cols:
@@ -69,6 +74,15 @@ def from_named_columns(path: Path | str, columns: dict[str, np.ndarray]) -> Poin
     for name, values in cols.items():
         out[name] = np.asarray(values)
     return out
+
+
+def numeric(path: Path | str, values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as an array of real numbers (bool, integer or float dtype); any other dtype
+    (complex, text, dates, objects) is a one-line DataError rather than a silent cast."""
+    values = np.asarray(values)
+    if values.dtype.kind not in "biuf":
+        raise fail(path, f"{what} has dtype {values.dtype}; expected real numbers")
+    return values
 
 
 def check_labels(path: Path | str, values: np.ndarray, what: str = "labels") -> np.ndarray:

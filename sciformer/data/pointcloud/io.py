@@ -36,6 +36,7 @@ from sciformer.data.pointcloud.fields import (
     check_points,
     fail,
     from_named_columns,
+    numeric,
     scale_colour,
 )
 from sciformer.data.pointcloud.las import las_has_rgb, read_las
@@ -217,7 +218,7 @@ def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
         for key, names in aliases.items():
             found = next((n for n in names if n in arrays), None)
             if found is not None:
-                out[key] = arrays.pop(found)
+                out[key] = arrays.pop(found) if key == "label" else numeric(path, arrays.pop(found), f"array '{found}'")
         if "coord" not in out:
             if len(arrays) == 1:
                 return _table_to_points(path, next(iter(arrays.values())), columns)
@@ -248,6 +249,7 @@ def _short(exc: BaseException) -> str:
 def _table_to_points(path: Path, table: np.ndarray, columns: Sequence[str] | None) -> PointData:
     if table.dtype.names:
         return from_named_columns(path, {name: table[name] for name in table.dtype.names})
+    numeric(path, table, "array")
     if table.ndim != 2 or table.shape[1] < 3:
         raise fail(path, f"array has shape {table.shape}, expected (n, >=3)")
     names = [c.lower() for c in columns] if columns is not None else _guess_columns(path, table)

@@ -76,8 +76,11 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
         counts = [int(c) for c in header.get("COUNT", ["1"] * len(fields))]
         npoints = int(header["POINTS"][0]) if "POINTS" in header else int(header["WIDTH"][0]) * int(header["HEIGHT"][0])
         mode = header["DATA"][0].lower()
+        grid = int(header["WIDTH"][0]) * int(header["HEIGHT"][0]) if "WIDTH" in header and "HEIGHT" in header else npoints
     except (KeyError, IndexError, ValueError) as exc:
         raise fail(path, f"bad PCD header (missing or malformed {exc})") from exc
+    if grid != npoints:  # PCL refuses this too: which count is right cannot be told
+        raise fail(path, f"bad PCD header: WIDTH x HEIGHT = {grid} but POINTS {npoints}")
     if npoints < 0 or min(counts, default=1) < 1:
         raise fail(path, f"bad PCD header (POINTS {npoints}, COUNT {counts}); expected non-negative points and counts >= 1")
     if not (len(fields) == len(sizes) == len(types) == len(counts)):

@@ -52,14 +52,19 @@ def require_features(path: Path, data: dict[str, Any], features: Sequence[str], 
 
 
 def valid_points(sample: Sample, features: Sequence[str] = ()) -> np.ndarray:
-    """(n,) bool: finite coordinates and finite values of every feature used."""
+    """(n,) bool: coordinates and values of every feature used finite in float32 (the model's dtype).
+
+    A float64 value beyond float32's range (e.g. 1e300) would become inf in the model's input.
+    """
+    limit = float(np.finfo(np.float32).max)
     coord = np.asarray(sample["coord"])  # (n, 3)
-    ok = np.all(np.isfinite(coord), axis=1)
-    for name in features:
-        value = sample.get(name)
-        if name in _FEATURE_FIELDS and value is not None:
-            value = np.asarray(value, dtype=np.float64).reshape(len(coord), -1)  # (n, c)
-            ok &= np.all(np.isfinite(value), axis=1)
+    with np.errstate(invalid="ignore"):
+        ok = np.all(np.abs(coord) <= limit, axis=1)  # False for NaN and Inf
+        for name in features:
+            value = sample.get(name)
+            if name in _FEATURE_FIELDS and value is not None:
+                value = np.asarray(value, dtype=np.float64).reshape(len(coord), -1)  # (n, c)
+                ok &= np.all(np.abs(value) <= limit, axis=1)
     return ok
 
 

@@ -81,9 +81,24 @@ def test_las_copy_against_laspy(data_root: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(b.X, a.X)
     assert b.header.point_format.id == a.header.point_format.id
     again = write_point_predictions(tmp_path / "w2.las", {"coord": np.zeros((n, 3))}, p, source=out, asprs_codes=[1, 1, 1])
-    c = laspy.read(again)  # predicting a prediction reuses its extra dimensions
-    np.testing.assert_array_equal(c.original_classification, b.classification)
+    c = laspy.read(again)  # predicting a prediction reuses its extra dimensions and keeps the first original
+    np.testing.assert_array_equal(c.original_classification, a.classification)
+    np.testing.assert_array_equal(np.asarray(c.classification), np.ones(n))
     assert list(c.point_format.extra_dimension_names) == ["original_classification", "confidence"]
     if a.header.point_format.id < 6:
         with pytest.raises(DataError, match=r"ASPRS codes 2..40 do not fit point format \d of las_warsaw_small.las \(0..31\)"):
             write_point_predictions(tmp_path / "x.las", {"coord": np.zeros((n, 3))}, p, source=source, asprs_codes=[2, 40, 6])
+
+
+def test_las_input_with_own_confidence_dimension(tmp_path: Path) -> None:
+    """An input whose 'confidence' is not float32 is refused rather than truncated (0.7 -> 0)."""
+    laspy = pytest.importorskip("laspy")
+    header = laspy.LasHeader(point_format=1, version="1.2")
+    header.add_extra_dim(laspy.ExtraBytesParams(name="confidence", type=np.uint8))
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = np.arange(50.0), np.arange(50.0), np.zeros(50)
+    las.confidence = np.full(50, 7, np.uint8)
+    las.write(tmp_path / "in.las")
+    with pytest.raises(DataError, match=r"in.las: the input already has a dimension 'confidence' of type uint8"):
+        write_point_predictions(tmp_path / "out.las", {"coord": np.zeros((50, 3))}, prediction(), source=tmp_path / "in.las")
+    assert not (tmp_path / "out.las").exists()

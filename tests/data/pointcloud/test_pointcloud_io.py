@@ -82,3 +82,24 @@ def test_unknown_suffix_and_missing_file(tmp_path: Path, one_line_error) -> None
     with pytest.raises(DataError) as e:
         read_point_file(tmp_path / "none.ply")
     one_line_error(e, "none.ply", "no such file")
+
+
+@pytest.mark.parametrize("name, arrays, needle", [
+    ("c.npy", np.zeros((5, 3), np.complex64), "array has dtype complex64"),
+    ("d.npy", np.zeros((5, 3), "M8[s]"), "array has dtype datetime64[s]"),
+    ("s.npz", {"coord": np.zeros((5, 3)).astype(str)}, "array 'coord' has dtype <U32"),
+    ("r.npz", {"coord": np.zeros((5, 3)), "rgb": np.full((5, 3), "a")}, "array 'rgb' has dtype <U1"),
+    ("i.npz", {"coord": np.zeros((5, 3)), "intensity": np.full(5, "a")}, "array 'intensity' has dtype <U1"),
+])
+def test_numpy_arrays_of_non_numbers_are_refused(tmp_path: Path, name, arrays, needle) -> None:
+    """Complex values lost their imaginary part, dates and number strings were cast, and text
+    colour or intensity ended in a traceback."""
+    path = tmp_path / name
+    if isinstance(arrays, dict):
+        np.savez(path, **arrays)
+    else:
+        np.save(path, arrays)
+    with pytest.raises(DataError) as e:
+        read_point_file(path)
+    msg = str(e.value)
+    assert "\n" not in msg and name in msg and needle in msg and "expected real numbers" in msg

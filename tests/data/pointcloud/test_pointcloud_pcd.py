@@ -97,3 +97,12 @@ def test_pcd_bad_mode(tmp_path: Path, one_line_error) -> None:
     with pytest.raises(DataError) as e:
         read_point_file(tmp_path / "b.pcd")
     one_line_error(e, "b.pcd", "DATA mode 'zip'")
+
+
+def test_pcd_points_disagreeing_with_width_height(tmp_path: Path, one_line_error) -> None:
+    """PCL refuses a header whose WIDTH x HEIGHT is not POINTS; reading POINTS of them guessed."""
+    head = _pcd_header("binary", 5).replace(b"POINTS 5", b"POINTS 4")
+    (tmp_path / "m.pcd").write_bytes(head + b"\0" * 24 * 5)
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "m.pcd")
+    one_line_error(e, "m.pcd", "WIDTH x HEIGHT = 5 but POINTS 4")

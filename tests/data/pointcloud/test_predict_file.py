@@ -1,0 +1,25 @@
+"""Which points of a new file a model can classify (the rest get the no-data row)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sciformer.data.pointcloud.predict_file import valid_points
+
+
+def test_valid_points_are_finite_in_float32() -> None:
+    """A float64 coordinate or feature beyond float32's range becomes inf in the model's input:
+    such points are no-data rows (1e300 once stopped the whole file with a non-finite query)."""
+    coord = np.zeros((6, 3))
+    coord[1, 0] = np.nan
+    coord[2, 1] = np.inf
+    coord[3, 2] = 1e300
+    coord[4, 0] = -3.0e38  # within float32
+    intensity = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1e39])
+    ok = valid_points({"coord": coord, "intensity": intensity}, ["intensity"])
+    f32 = np.abs(np.concatenate([coord, intensity[:, None]], axis=1)) <= np.finfo(np.float32).max  # oracle
+    np.testing.assert_array_equal(ok, f32.all(axis=1))
+    np.testing.assert_array_equal(ok, [True, False, False, False, True, False])
+    # a feature the model does not use does not invalidate a point
+    np.testing.assert_array_equal(valid_points({"coord": coord, "intensity": intensity}, []),
+                                  [True, False, False, False, True, True])
