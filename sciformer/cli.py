@@ -233,7 +233,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         from sciformer.utils.atomic import atomic_write_text
 
-        atomic_write_text(Path(args.csv), to_csv(header, rows))
+        out = Path(args.csv)
+        if out.is_dir():
+            raise SciformerError(f"--csv '{out}' is a directory; name a .csv file")
+        if any(out.resolve().parent == Path(run).resolve() for run in args.runs):
+            raise SciformerError(f"--csv '{out}' lies in a compared run folder; its files are never replaced")
+        if out.exists() and out.suffix.lower() != ".csv":
+            raise SciformerError(f"--csv '{out}' exists and is not a .csv file; name a .csv file")
+        atomic_write_text(out, to_csv(header, rows))
         print(f"wrote {args.csv}")
     return 0
 

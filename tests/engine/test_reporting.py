@@ -111,3 +111,21 @@ def test_confusion_rows_are_normalised(tmp_path: Path) -> None:
 
     path = plot_confusion(["a", "b"], np.array([[3.0, 1.0], [0.0, 0.0]]), tmp_path / "cm.png")
     assert png_size(path)[0] > 100
+
+
+def test_compare_csv_never_replaces_run_files(two_runs: list[Path], tmp_path: Path, capsys) -> None:
+    """``--csv RUN/metrics.json`` once replaced a run's metrics with the CSV; a folder gave a
+    message naming a temporary file."""
+    metrics = two_runs[0] / "metrics.json"
+    for target, needle in [(metrics, "lies in a compared run folder"), (two_runs[0] / "metrics.csv", "lies in a compared run folder"),
+                           (tmp_path, "is a directory")]:
+        before = {p: p.read_bytes() for p in two_runs[0].iterdir() if p.is_file()}
+        assert main(["compare", *map(str, two_runs), "--csv", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0] and ".tmp" not in err[0]
+        assert {p: p.read_bytes() for p in two_runs[0].iterdir() if p.is_file()} == before
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["compare", *map(str, two_runs), "--csv", str(tmp_path / "notes.txt")]) == 2
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert main(["compare", *map(str, two_runs), "--csv", str(tmp_path / "table.csv")]) == 0
+    assert (tmp_path / "table.csv").read_text().startswith("run,")
