@@ -171,10 +171,11 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
             raise SciformerError(f"--output '{out}': LAS/LAZ output copies a LAS/LAZ input, but '{inp.name}' is not one; "
                                  "use .ply, .npz or .npy")
     taken = {p.resolve() for p in inputs} | {p.resolve().with_suffix(s) for p in inputs for s in _COMPANIONS.get(p.suffix.lower(), ())}
+    inodes = {(st.st_dev, st.st_ino) for st in (p.stat() for p in taken if p.exists())}  # hard links, other spellings
     for _, out in pairs:
         written = [out] + [out.with_suffix(s) for s in _COMPANIONS.get(out.suffix.lower(), ())]
         for w in written:
-            if w.resolve() in taken:
+            if w.resolve() in taken or (w.exists() and (w.stat().st_dev, w.stat().st_ino) in inodes):
                 raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
             if w.exists() and not overwrite:
                 raise SciformerError(f"--output '{w}' exists; pass --overwrite to replace it")
