@@ -27,6 +27,7 @@ from sciformer.geometry import (
     offset_to_batch,
     offset_to_sizes,
 )
+from sciformer.geometry import segment_mean as segment_mean_by_index
 
 
 class Level(NamedTuple):
@@ -60,15 +61,13 @@ def stage_neighbours(coord: Tensor, offset: Tensor, k: int) -> Tensor:
 
 
 def segment_mean(x: Tensor, offset: Tensor) -> Tensor:
-    """Mean of the rows of each cloud of a packed batch (global average pooling).
+    """Mean of the rows of each cloud of a packed batch (global average pooling), through
+    :func:`sciformer.geometry.segment_mean` with one segment per cloud.
 
     Shapes:
         x: (N, C), offset: (B,) -> (B, C)
     """
-    batch = offset_to_batch(offset).to(x.device)  # (N,)
-    sizes = offset_to_sizes(offset).to(x.device, x.dtype).clamp_min(1)  # (B,)
-    total = x.new_zeros((offset.shape[0], x.shape[1])).index_add_(0, batch, x)  # (B, C)
-    return total / sizes.unsqueeze(1)
+    return segment_mean_by_index(x, offset_to_batch(offset), offset_to_sizes(offset))  # (B, C)
 
 
 def fps_start(coord: Tensor, offset: Tensor) -> Tensor:

@@ -77,7 +77,14 @@ def test_position_mlp_point_transformer_layout() -> None:
 @pytest.mark.parametrize("norm", ["layer", "none"])
 def test_position_mlp_other_norms(norm: str) -> None:
     mlp = PositionMLP(1, 4, hidden_dim=8, norm=norm)
-    assert mlp(torch.randn(5, 5, 1)).shape == (5, 5, 4)
+    x = torch.randn(5, 5, 1)
+    out = mlp(x)
+    assert out.shape == (5, 5, 4)
+    lin1, norm_mod, _, lin2 = list(mlp.net)
+    h = lin1(x)  # (5, 5, 8)
+    if norm == "layer":  # the reference formula: LayerNorm over the hidden channels
+        h = torch.nn.functional.layer_norm(h, (8,), norm_mod.weight, norm_mod.bias, norm_mod.eps)
+    torch.testing.assert_close(out, lin2(torch.relu(h)))
 
 
 def test_position_mlp_bad_input() -> None:

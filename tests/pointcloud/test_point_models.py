@@ -180,7 +180,20 @@ def test_transition_down_shapes_and_stride_one() -> None:
     assert all((second == p).all(dim=1).any() for p in down.coord[5:])
     same = TransitionDown(6, 12, stride=1)(level)
     assert same.feat.shape == (53, 12) and same.coord is level.coord
-    assert (down.feat >= 0).all()  # max of ReLU outputs
+    # oracle: max over each sampled point's k nearest (scipy, own cloud) of MLP([p_j - p_i, x_j])
+    from scipy.spatial import cKDTree
+
+    td = TransitionDown(6, 12, stride=4, k=8).eval()
+    with torch.no_grad():
+        out = td(level)
+        linear, norm, act = td.mlp
+        for lo, hi, rows in ((0, 20, range(0, 5)), (20, 53, range(5, 13))):
+            cloud, feats = batch["coord"][lo:hi], batch["feat"][lo:hi]
+            _, nb = cKDTree(cloud.numpy()).query(out.coord[list(rows)].numpy(), k=8)
+            for r, nbr in zip(rows, nb):
+                edges = torch.cat([cloud[nbr] - out.coord[r], feats[nbr]], dim=1)  # (k, 3 + C)
+                expected = act(norm(linear(edges))).max(dim=0).values  # (C_out,)
+                torch.testing.assert_close(out.feat[r], expected, rtol=1e-4, atol=1e-5)
 
 
 def test_transition_up_interpolates_constant_features_exactly() -> None:
