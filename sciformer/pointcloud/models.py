@@ -327,6 +327,16 @@ def _check_task(info: DataInfo, expected: str, name: str) -> None:
         raise ConfigError(f"model.name: '{name}' is a {expected} model but the data is a {task} task")
 
 
+def category_count(use_category: bool | None, info: DataInfo) -> int:
+    """Object categories a segmenter conditions on: all of the data's when ``use_category`` is
+    None (part segmentation), none when False; True without categories is a ConfigError."""
+    categories = info.category_names or []
+    use = bool(categories) if use_category is None else use_category
+    if use and not categories:
+        raise ConfigError("model.use_category: the data has no object categories (DataInfo.category_names)")
+    return len(categories) if use else 0
+
+
 @MODELS.register("point_transformer_cls", config=PointTransformerClsConfig)
 def build_point_transformer_cls(cfg: PointTransformerClsConfig, info: DataInfo) -> nn.Module:
     """Point Transformer classifier: encoder, average pooling per cloud, MLP head."""
@@ -338,8 +348,4 @@ def build_point_transformer_cls(cfg: PointTransformerClsConfig, info: DataInfo) 
 def build_point_transformer_seg(cfg: PointTransformerSegConfig, info: DataInfo) -> nn.Module:
     """Point Transformer U-Net segmenter (optional one-hot category for part segmentation)."""
     _check_task(info, "segmentation", "point_transformer_seg")
-    categories = info.category_names or []
-    use = bool(categories) if cfg.use_category is None else cfg.use_category
-    if use and not categories:
-        raise ConfigError("model.use_category: the data has no object categories (DataInfo.category_names)")
-    return PointTransformerSegmenter(cfg, info.in_channels, info.num_classes, num_categories=len(categories) if use else 0)
+    return PointTransformerSegmenter(cfg, info.in_channels, info.num_classes, num_categories=category_count(cfg.use_category, info))

@@ -34,7 +34,6 @@ from sciformer.attention import (
     SerializedContext,
 )
 from sciformer.contracts import DataInfo
-from sciformer.errors import ConfigError
 from sciformer.geometry import grid_coordinates
 from sciformer.geometry.pyg import as_packed_batch
 from sciformer.geometry.serialization import ORDERS
@@ -43,7 +42,7 @@ from sciformer.pointcloud.layers import (
     SegmentationHead,
     segment_mean,
 )
-from sciformer.pointcloud.models import _check_task, input_channels, input_level
+from sciformer.pointcloud.models import _check_task, category_count, input_channels, input_level
 from sciformer.pointcloud.serialized_layers import (
     SerializedPooling,
     SerializedUnpooling,
@@ -296,8 +295,4 @@ def build_point_transformer_v3_cls(cfg: PointTransformerV3ClsConfig, info: DataI
 def build_point_transformer_v3_seg(cfg: PointTransformerV3SegConfig, info: DataInfo) -> nn.Module:
     """Point Transformer V3 U-Net segmenter (optional one-hot category for part segmentation)."""
     _check_task(info, "segmentation", "point_transformer_v3_seg")
-    categories = info.category_names or []
-    use = bool(categories) if cfg.use_category is None else cfg.use_category
-    if use and not categories:
-        raise ConfigError("model.use_category: the data has no object categories (DataInfo.category_names)")
-    return PointTransformerV3Segmenter(cfg, info.in_channels, info.num_classes, num_categories=len(categories) if use else 0)
+    return PointTransformerV3Segmenter(cfg, info.in_channels, info.num_classes, num_categories=category_count(cfg.use_category, info))
