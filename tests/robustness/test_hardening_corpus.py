@@ -33,6 +33,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("SCIFORMER_DEBUG", None)
+    # the pure readers: importing open3d alone adds ~0.5 GB of RSS; its reader path is tested in test_open3d_io
+    env["SCIFORMER_NO_OPEN3D"] = "1"
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     done = subprocess.run([sys.executable, str(here / "hardening.py"), str(out), str(work / "cases")], env=env,
                           capture_output=True, text=True, timeout=900)
