@@ -533,7 +533,6 @@ def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0, wit
     """Run the cases (and, ``with_corpus``, those of :mod:`corpus` as ``corpus:<id>``) in this process."""
     import contextlib
     import io
-    import resource
     import signal
     import time
 
@@ -572,11 +571,25 @@ def run_all(work: Path, ids: list[str] | None = None, limit_s: float = 30.0, wit
             signal.setitimer(signal.ITIMER_REAL, 0)
         after = finished_outputs(d)
         results[key] = {"code": code, "stderr": err.getvalue(), "seconds": time.perf_counter() - start,
-                         "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                         "maxrss_kib": peak_rss_kib(),
                          "finished": sorted(k for k in after if after[k] != before.get(k))}
         while _HELD:
             _HELD.pop().close()
     return results
+
+
+def peak_rss_kib() -> int:
+    """This process image's peak RSS (VmHWM): unlike ru_maxrss it does not inherit the RSS of
+    the parent that forked it (Linux records the pre-exec memory in ru_maxrss)."""
+    import resource
+
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 if __name__ == "__main__":
