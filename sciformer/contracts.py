@@ -40,7 +40,9 @@ ScoreFn = Callable[[Iterable[tuple[np.ndarray, np.ndarray]]], dict[str, Any]]
 
 SPLITS = ("train", "val", "test")
 # Validation scores ``train.monitor`` may name (``loss`` is minimised, the others maximised).
-METRIC_NAMES = ("oa", "aa", "macc", "kappa", "miou", "loss")
+# The part metrics need a task whose DataInfo declares ``category_parts`` (sciformer.engine.metrics.PartIoU).
+PART_METRIC_NAMES = ("instance_miou", "category_miou")
+METRIC_NAMES = ("oa", "aa", "macc", "kappa", "miou", *PART_METRIC_NAMES, "loss")
 
 
 def default_data_root() -> Path:
@@ -126,7 +128,9 @@ class DataInfo:
     wavelengths: list[float] | None = None  # hyperspectral: band centres in nm (None: unknown, or PCA components)
     features: list[str] | None = None  # point clouds: per-point feature names, in channel order
     category_names: list[str] | None = None  # part segmentation: object categories (one-hot input)
-    category_parts: dict[str, list[int]] | None = None  # part segmentation: class ids of each category's parts
+    # part segmentation: class ids of each category's parts; when set, batches carry ``category`` (B,) and
+    # ``offset`` (B,), evaluation predicts each shape among its category's parts and adds instance/category mIoU
+    category_parts: dict[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.task not in (None, "classification", "segmentation"):

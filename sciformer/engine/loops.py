@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from sciformer.contracts import Batch
-from sciformer.engine.metrics import ConfusionMatrix
+from sciformer.engine.metrics import ConfusionMatrix, PartIoU
 from sciformer.errors import SciformerError
 
 
@@ -122,15 +122,18 @@ def evaluate(
     loss_fn: nn.Module | None,
     device: torch.device,
     amp: str = "none",
+    parts: PartIoU | None = None,
 ) -> tuple[ConfusionMatrix, float, int]:
     """Confusion matrix, summed loss and labelled count of ``model`` over ``batches``.
 
     Sums (rather than means) so results of several processes add up exactly. A
     batch with ``votes = V`` holds V adjacent copies of each sample: their class
-    probabilities are averaged and scored once per sample.
+    probabilities are averaged and scored once per sample. With ``parts`` (part
+    segmentation, :meth:`PartIoU.of`) each shape is predicted among its category's
+    parts and its IoU accumulated; the confusion matrix carries them (``confusion.parts``).
     """
     model.eval()
-    confusion = ConfusionMatrix(num_classes, ignore_index)
+    confusion = ConfusionMatrix(num_classes, ignore_index, parts=parts)
     loss_sum, count = 0.0, 0
     for batch in batches:
         batch = to_device(batch, device)
@@ -140,7 +143,7 @@ def evaluate(
         votes = int(batch.get("votes", 1))
         if votes > 1:
             logits, target = merge_votes(logits, target, votes)  # (n, C) log-probabilities, (n,)
-        confusion.update(logits.argmax(dim=1), target)
+        confusion.update(parts.update(logits, target, batch) if parts is not None else logits.argmax(dim=1), target)
         if loss_fn is not None:
             n = int((target != ignore_index).sum())
             if n:

@@ -176,7 +176,7 @@ def plot_curves(rows: list[dict[str, float]], path: Path, title: str = "") -> Pa
     ax_lr.set(title="learning rate (end of epoch)", xlabel="epoch")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     shown = False
-    for key in ("val_oa", "val_aa", "val_kappa", "val_miou"):
+    for key in ("val_oa", "val_aa", "val_kappa", "val_miou", "val_instance_miou", "val_category_miou"):
         ys = [100 * r.get(key, math.nan) for r in rows]
         if any(np.isfinite(ys)):
             ax_score.plot(epochs, ys, marker="o", ms=3, label=key[4:].upper())

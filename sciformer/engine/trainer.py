@@ -35,7 +35,7 @@ from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import DistContext, init_distributed
 from sciformer.engine.inference import check_split_not_empty, predict_fn
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
-from sciformer.engine.metrics import ConfusionMatrix, Scores, format_table, label_scorer
+from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, check_monitor, format_table, label_scorer
 from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.report import write_evaluation
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
@@ -51,7 +51,7 @@ from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
 
-CSV_FIELDS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_oa", "val_aa", "val_kappa", "val_miou", "epoch_time_s"]
+CSV_FIELDS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_oa", "val_aa", "val_kappa", "val_miou", "val_instance_miou", "val_category_miou", "epoch_time_s"]
 
 
 @dataclass
@@ -64,7 +64,8 @@ class RunResult:
 def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
     """Sum confusion matrices and losses over ranks; returns scores and mean loss."""
     if dist.enabled:
-        dist.all_reduce_sum(confusion.matrix)
+        for tensor in confusion.sums():  # the confusion matrix and, for part segmentation, the shape IoUs
+            dist.all_reduce_sum(tensor)
         totals = dist.all_reduce_sum(torch.tensor([loss_sum, float(count)], dtype=torch.float64))
         loss_sum, count = float(totals[0]), int(totals[1])
     return confusion.compute(), (loss_sum / count if count else float("nan"))
@@ -103,6 +104,7 @@ class Trainer:
         seed_everything(t.seed)
         self.task = builders.build_task(exp)
         self.info = self.task.info
+        check_monitor(t.monitor, self.info)
         if self.cfg.evaluation.votes > 1:  # fail now, not after training
             self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
         check_split_not_empty(self.task, self.cfg.evaluation.split)  # likewise
@@ -268,7 +270,7 @@ class Trainer:
                 stop_early = False
                 if self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs):
                     scores, val_loss = self._evaluate("val")
-                    row.update(val_loss=val_loss, val_oa=scores.oa, val_aa=scores.aa, val_kappa=scores.kappa, val_miou=scores.miou)
+                    row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in scores.summary().items()})
                     value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
                     if self._improved(value):
                         self.best.update(value=float(value), epoch=self.epoch)
@@ -347,7 +349,8 @@ class Trainer:
         loader = make_loader(self.task, split, self.cfg.evaluation.batch_size, train=False, seed=t.seed, workers=t.num_workers, dist=self.dist)
         mode = t.progress if self.dist.is_main else "never"
         confusion, loss_sum, count = evaluate(self.model, progress(loader, total=len(loader), desc=f"eval {split}", mode=mode),
-                                              num_classes=self.info.num_classes, ignore_index=self.task.ignore_index, loss_fn=self.loss_fn, device=self.device, amp=t.amp)
+                                              num_classes=self.info.num_classes, ignore_index=self.task.ignore_index, loss_fn=self.loss_fn, device=self.device, amp=t.amp,
+                                              parts=PartIoU.of(self.info, self.task.ignore_index))
         return reduce_evaluation(confusion, loss_sum, count, self.dist)
 
     def _final_evaluation(self) -> RunResult:
@@ -369,7 +372,8 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist, votes=votes)
     start = time.perf_counter()
     confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),
-                                          num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp)
+                                          num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp,
+                                          parts=PartIoU.of(task.info, task.ignore_index))
     scores, _ = reduce_evaluation(confusion, loss_sum, count, dist)
     payload: dict[str, Any] = {}
     if dist.is_main:

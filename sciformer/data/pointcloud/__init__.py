@@ -17,9 +17,8 @@ from sciformer.data.pointcloud.io import (
     write_ply,
 )
 from sciformer.data.pointcloud.sample import collate_points
-from sciformer.data.pointcloud.shapenetpart import part_miou
 
 __all__ = [
-    "collate_points", "lidar", "modelnet", "part_miou", "point_scenes", "read_off", "read_point_file",
+    "collate_points", "lidar", "modelnet", "point_scenes", "read_off", "read_point_file",
     "s3dis", "sample_mesh_surface", "shapenetpart", "write_ply",
 ]

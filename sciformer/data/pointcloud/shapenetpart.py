@@ -13,27 +13,24 @@ normals as released with PointNet++; research use); see
 The official train/val/test lists are used as they are. Training samples draw
 ``num_points`` points at random; evaluation keeps every point. The object category
 travels with each sample (``category`` () int64 -> batch ``category`` (B,)); the
-standard protocol predicts only among the category's parts and reports instance
-mIoU (mean over shapes) and category mIoU (mean over categories), see
-:func:`part_miou`.
+task declares each category's parts (``DataInfo.category_parts``), so the engine's
+evaluation predicts only among the category's parts and scores instance mIoU (mean
+over shapes) and category mIoU (mean over categories), the standard protocol
+(``sciformer.engine.metrics.PartIoU``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sciformer.contracts import (
     BuildContext,
     DataInfo,
-    PredictFn,
-    ScoreFn,
     default_data_root,
 )
 from sciformer.data.pointcloud.dataset import (
@@ -47,7 +44,6 @@ from sciformer.data.pointcloud.io import parse_text_table
 from sciformer.data.pointcloud.sample import (
     check_features,
     feature_channels,
-    split_by_offset,
 )
 from sciformer.data.transforms import (
     Compose,
@@ -83,63 +79,6 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_scale", "scale": [0.8, 1.25], "anisotropic": True},
     {"name": "random_jitter", "sigma": 0.01, "clip": 0.05},
 ]
-
-
-# --------------------------------------------------------------------------- metric
-
-
-def shape_iou(pred: np.ndarray, target: np.ndarray, parts: Sequence[int]) -> float:
-    """Mean IoU of one shape over its category's parts; a part absent from both counts 1."""
-    pred = np.asarray(pred).reshape(-1)
-    target = np.asarray(target).reshape(-1)
-    ious = []
-    for p in parts:
-        inter = np.sum((pred == p) & (target == p))
-        union = np.sum((pred == p) | (target == p))
-        ious.append(1.0 if union == 0 else inter / union)
-    return float(np.mean(ious))
-
-
-def part_miou(
-    preds: Sequence[np.ndarray],
-    targets: Sequence[np.ndarray],
-    categories: Sequence[int],
-    category_names: Sequence[str] = CATEGORY_NAMES,
-    parts: dict[str, list[int]] | None = None,
-) -> dict[str, Any]:
-    """ShapeNetPart instance and category mIoU (the standard protocol).
-
-    Each shape's IoU is the mean over its category's parts only (a part absent from
-    both prediction and truth counts as 1). Instance mIoU averages over shapes;
-    category mIoU averages the per-category means over categories with shapes.
-
-    Shapes: preds[i], targets[i] (n_i,) part ids; categories (B,) category indices.
-    """
-    parts = parts or CATEGORY_PARTS
-    if not (len(preds) == len(targets) == len(categories)):
-        raise DataError(f"part_miou: {len(preds)} predictions, {len(targets)} targets, {len(categories)} categories")
-    if not preds:
-        raise DataError("part_miou: no shapes")
-    per_cat: dict[str, list[float]] = {}
-    ious = []
-    for pred, target, cat in zip(preds, targets, categories, strict=True):
-        name = category_names[int(cat)]
-        iou = shape_iou(pred, target, parts[name])
-        ious.append(iou)
-        per_cat.setdefault(name, []).append(iou)
-    cat_means = {name: float(np.mean(v)) for name, v in per_cat.items()}
-    return {
-        "instance_miou": float(np.mean(ious)),
-        "category_miou": float(np.mean(list(cat_means.values()))),
-        "per_category": cat_means,
-        "shapes": len(ious),
-    }
-
-
-def predict_parts(logits: np.ndarray, category: int, category_names: Sequence[str] = CATEGORY_NAMES) -> np.ndarray:
-    """Arg-max over the category's parts only. Shapes: logits (n, 50) -> (n,) part ids."""
-    parts = np.asarray(CATEGORY_PARTS[category_names[int(category)]])
-    return parts[np.argmax(np.asarray(logits)[:, parts], axis=1)]
 
 
 # --------------------------------------------------------------------------- dataset
@@ -240,28 +179,8 @@ class PartDataset(PointDataset):
         return self._sample(sample, rng) if self._sample else sample
 
 
-class ShapeNetPartTask(PointTask):
-    """Part segmentation with the category in the batch and the standard mIoU at export."""
-
-    def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
-                           score: ScoreFn | None = None) -> dict[str, Any]:
-        """Instance/category mIoU on the ``split`` split, predicting among each shape's category parts."""
-        dataset = self.dataset(split)
-        preds, targets, cats = [], [], []
-        for start in range(0, len(dataset), max(1, batch_size)):
-            items = [dataset[i] for i in range(start, min(len(dataset), start + max(1, batch_size)))]
-            batch = self.collate(items)
-            with torch.no_grad():
-                logits = predict(batch).detach().float().cpu().numpy()  # (N, 50)
-            for item, part in zip(items, split_by_offset(logits, batch["offset"].numpy()), strict=True):
-                preds.append(predict_parts(part, int(item["category"])))
-                targets.append(item["label"])
-                cats.append(int(item["category"]))
-        return {"part_miou": part_miou(preds, targets, cats)}
-
-
 @DATASETS.register("shapenetpart", config=ShapeNetPartConfig, predictor=predict_shapenetpart_file)
-def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> ShapeNetPartTask:
+def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> PointTask:
     """ShapeNetPart part segmentation (16 categories, 50 parts, official splits)."""
     root = ctx.resolve(cfg.root) if cfg.root else default_data_root() / "shapenetcore_partanno_segmentation_benchmark_v0_normal"
     if not root.is_dir():
@@ -303,7 +222,7 @@ def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> ShapeNetPa
         "categories": sorted(wanted, key=CATEGORY_NAMES.index),
         "train_points": cfg.num_points,
         "eval_points": cfg.eval_num_points or "all",
-        "metric": "instance and category mIoU over each category's parts (export)",
+        "metric": "instance and category mIoU over each category's parts (DataInfo.category_parts; train.monitor: instance_miou)",
         "train_transforms": repr(train_tf),
         "eval_transforms": repr(eval_tf),
     }
@@ -312,4 +231,4 @@ def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> ShapeNetPa
         "category_names": list(CATEGORY_NAMES),
         "category_parts": {k: list(v) for k, v in CATEGORY_PARTS.items()},
     }
-    return ShapeNetPartTask(info, {s: make(s) for s in ("train", "val", "test")}, protocol=protocol, state=state)
+    return PointTask(info, {s: make(s) for s in ("train", "val", "test")}, protocol=protocol, state=state)

@@ -1,4 +1,4 @@
-"""ShapeNetPart dataset (miniature layout) and the instance/category mIoU protocol."""
+"""ShapeNetPart dataset (miniature layout); its instance/category mIoU is tested in tests/engine/test_part_miou.py."""
 
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ from sciformer.data.pointcloud.shapenetpart import (
     PART_NAMES,
     ShapeNetPartConfig,
     build_shapenetpart,
-    part_miou,
-    predict_parts,
-    shape_iou,
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -30,33 +27,6 @@ def test_category_table() -> None:
     assert CATEGORY_PARTS["Motorbike"] == [30, 31, 32, 33, 34, 35]
     assert CATEGORY_PARTS["Table"] == [47, 48, 49]
     assert DATASETS._entries["shapenetpart"].config is ShapeNetPartConfig
-
-
-def test_miou_against_hand_computation() -> None:
-    preds = [np.array([0, 1, 1, 1]), np.array([2, 2, 3]), np.array([4, 4])]
-    targets = [np.array([0, 0, 1, 1]), np.array([2, 2, 2]), np.array([4, 5])]
-    cats = [CATEGORY_NAMES.index("Airplane"), CATEGORY_NAMES.index("Airplane"), CATEGORY_NAMES.index("Bag")]
-    # shape 1: part0 1/2, part1 2/3, parts 2 and 3 absent from both -> 1 each
-    a = (1 / 2 + 2 / 3 + 1 + 1) / 4
-    # shape 2: part2 2/3, part3 0/1, parts 0 and 1 absent -> 1
-    b = (2 / 3 + 0 + 1 + 1) / 4
-    # shape 3 (Bag, parts 4 and 5): part4 1/2, part5 0/1
-    c = (1 / 2 + 0) / 2
-    assert shape_iou(preds[0], targets[0], CATEGORY_PARTS["Airplane"]) == pytest.approx(a)
-    m = part_miou(preds, targets, cats)
-    assert m["instance_miou"] == pytest.approx((a + b + c) / 3)
-    assert m["category_miou"] == pytest.approx(((a + b) / 2 + c) / 2)
-    assert m["per_category"] == pytest.approx({"Airplane": (a + b) / 2, "Bag": c})
-    assert m["shapes"] == 3
-    with pytest.raises(DataError, match="2 predictions, 3 targets"):
-        part_miou(preds[:2], targets, cats)
-
-
-def test_predict_parts_restricted_to_category() -> None:
-    logits = np.zeros((3, 50))
-    logits[:, 40] = 9.0  # a Pistol part scores highest everywhere
-    logits[0, 5], logits[1, 4], logits[2, 5] = 2.0, 3.0, 1.0
-    np.testing.assert_array_equal(predict_parts(logits, CATEGORY_NAMES.index("Bag")), [5, 4, 5])
 
 
 @pytest.fixture
@@ -77,19 +47,6 @@ def test_dataset_splits_and_samples(root: Path, ctx: BuildContext) -> None:
     batch = task.collate(te)
     assert batch["category"].tolist() == [0, 0, 1]
     assert batch["offset"].tolist() == [50, 100, 150] and batch["target"].shape == (150,)
-
-
-def test_export_reports_standard_miou(root: Path, ctx: BuildContext, tmp_path: Path) -> None:
-    task = build_shapenetpart(ShapeNetPartConfig(root=str(root)), ctx)
-
-    def oracle(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = torch.nn.functional.one_hot(batch["target"], 50).float()
-        logits[:, 49] = 5.0  # a Table part everywhere: ignored by the category restriction
-        return logits
-
-    facts = task.export_predictions(oracle, tmp_path, batch_size=2, export=None)["part_miou"]
-    assert facts["instance_miou"] == pytest.approx(1.0) and facts["category_miou"] == pytest.approx(1.0)
-    assert facts["shapes"] == 3 and set(facts["per_category"]) == {"Airplane", "Bag"}
 
 
 def test_category_subset(root: Path, ctx: BuildContext) -> None:
