@@ -141,15 +141,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--cases", default="sciformer,pyg,pyg-full")
+    parser.add_argument("--cases", default="sciformer,v3,pyg,pyg-full", help="sciformer (v1), v3, pyg, pyg-full")
+    parser.add_argument("--profile", metavar="CASE", help="print torch.profiler's table of one step of CASE and exit")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     exp = config.load(ROOT / "experiments" / "modelnet10.yaml", [])
+    exp_v3 = config.load(ROOT / "experiments" / "modelnet10_v3.yaml", [])
     info = DataInfo(10, [f"c{i}" for i in range(10)], 0, task="classification")
     models: dict[str, nn.Module] = {}
-    for case in args.cases.split(","):
-        models[case] = builders.build_model(exp, info) if case == "sciformer" else PygClassifier(10, full=case == "pyg-full")
+    for case in ([args.profile] if args.profile else args.cases.split(",")):
+        if case in ("sciformer", "v3"):
+            models[case] = builders.build_model(exp_v3 if case == "v3" else exp, info)
+        else:
+            models[case] = PygClassifier(10, full=case == "pyg-full")
     batch = load_batch(exp.cfg.train.batch_size, 512)
     steps = {}
     for case, model in models.items():
@@ -165,6 +170,14 @@ def main() -> None:
         steps[case] = step
     for step in steps.values():  # warm-up
         step(), step()
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                steps[args.profile]()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+        return
     times: dict[str, list[float]] = {case: [] for case in steps}
     for _ in range(args.rounds):
         for case, step in steps.items():

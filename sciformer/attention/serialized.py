@@ -15,12 +15,14 @@ grid by ``S / 2`` (shift patch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sciformer.attention.dense import MultiHeadAttention
+from sciformer.attention.dense import MultiHeadAttention, build_attention_bias, merge_heads
 from sciformer.attention.positional import NeighborBasis
 from sciformer.errors import ConfigError, DataError
 
@@ -44,6 +46,7 @@ class PatchLayout:
     slot: Tensor
     mask: Tensor | None
     patch_size: int
+    _bias: dict[torch.dtype, Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, order: Tensor, offset: Tensor, patch_size: int, shift: bool = False) -> PatchLayout:
@@ -82,6 +85,19 @@ class PatchLayout:
         mask = padded.view(-1, s) if bool(padded.any()) else None
         return cls(gather=gather, slot=slot, mask=mask, patch_size=s)
 
+    def attn_mask(self, dtype: torch.dtype) -> Tensor | None:
+        """The additive SDPA mask of the padding (-inf on padded keys), built once per dtype.
+
+        Shapes:
+            -> (P, 1, 1, S) or None when no slot is padded
+        """
+        if self.mask is None:
+            return None
+        if dtype not in self._bias:
+            p, s = self.mask.shape
+            self._bias[dtype] = build_attention_bias(None, self.mask, p, s, dtype)
+        return self._bias[dtype]
+
     @property
     def num_patches(self) -> int:
         return self.gather.numel() // self.patch_size
@@ -96,7 +112,7 @@ class SerializedContext:
     conditional positional encoding.
     """
 
-    orders: list[Tensor]
+    orders: Sequence[Tensor]
     offset: Tensor
     basis: NeighborBasis | None = None
     _cache: dict[tuple[int, int, bool], PatchLayout] = field(default_factory=dict, repr=False)
@@ -117,7 +133,11 @@ class SerializedAttention(nn.Module):
         Y_p = MultiHeadAttention(X_p, key_padding_mask)     # dense attention per patch
         y   = Y_p.view(P * S, C)[slot]                      # back to input order
 
-    With one patch covering a cloud this is full dense attention over the cloud.
+    With one patch covering a cloud this is full dense attention over the cloud. The
+    computation is that one, reordered: the attention's Q/K/V and output projections are
+    row-wise, so they run on the N points (before the gather into patches and after the
+    gather back) instead of on the P * S slots, padding included; only
+    ``scaled_dot_product_attention`` runs on the patches.
 
     Args:
         dim: channels C; num_heads: heads (divide C); patch_size: S.
@@ -153,10 +173,14 @@ class SerializedAttention(nn.Module):
         layout = context.layout(self.order_index, self.patch_size, self.shift_patch)
         if layout.slot.shape[0] != x.shape[0]:
             raise DataError(f"x: expected {layout.slot.shape[0]} points (the context's), got {x.shape[0]}")
-        s = layout.patch_size
-        patches = x.index_select(0, layout.gather).view(-1, s, x.shape[1])  # (P, S, C)
-        y = self.attn(patches, key_padding_mask=layout.mask)  # (P, S, C)
-        return y.reshape(-1, x.shape[1]).index_select(0, layout.slot)  # (N, C)
+        mha, s, c = self.attn, layout.patch_size, x.shape[1]
+        # the projections run on the N points, not on the P * S slots (padding included)
+        qkv = mha.qkv.qkv(x).index_select(0, layout.gather)  # (P S, 3C): [q | k | v], heads inside
+        q, k, v = qkv.view(-1, s, 3, mha.num_heads, mha.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # each (P, H, S, d)
+        mask = layout.attn_mask(q.dtype)  # (P, 1, 1, S) float, -inf on padding keys, or None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=mha.attn_drop if self.training else 0.0)  # (P, H, S, d)
+        y = merge_heads(y).reshape(-1, c).index_select(0, layout.slot)  # (N, C) back to input order
+        return mha.out(y)  # (N, C)
 
     def extra_repr(self) -> str:
         return f"patch_size={self.patch_size}, order_index={self.order_index}, shift_patch={self.shift_patch}"

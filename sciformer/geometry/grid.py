@@ -97,24 +97,102 @@ def grid_pool(
         else:
             cell = _cells(torch.floor(c64 / size))
             cell -= cell.min(dim=0).values  # shift to >= 0; membership unchanged
+    return _pool(batch, cell, b_count, coord, feat, reduce)
+
+
+def pool_cells(
+    cell: torch.Tensor,
+    offset: torch.Tensor | None,
+    coord: torch.Tensor,
+    feat: torch.Tensor | None = None,
+    *,
+    reduce: str = "max",
+) -> GridPooled:
+    """:func:`grid_pool` on integer voxels given per point (e.g. grid cells ``// stride``).
+
+    The points of a cloud with equal ``cell`` rows become one point, exactly as
+    :func:`grid_pool` pools the voxels it computes; ``coord`` (any positions) is averaged.
+
+    Shapes:
+        cell: (N, D) int64 >= 0, offset: (B,), coord: (N, E), feat: (N, C)
+        -> coord (V, E), feat (V, C), offset (B,), cluster (N,), count (V,), index (V,)
+    """
+    if not isinstance(cell, torch.Tensor) or cell.ndim != 2 or cell.dtype != torch.int64:
+        raise DataError(f"cell must be an int64 tensor of shape (N, D), got {getattr(cell, 'dtype', type(cell).__name__)} {tuple(getattr(cell, 'shape', ()))}")
+    n = cell.shape[0]
+    _, sizes = check_offset(offset, n, "offset", cell.device)
+    check_nonempty(sizes, "cell")
+    check_choice(reduce, "reduce", REDUCE)
+    if coord.shape[0] != n or (feat is not None and (feat.ndim != 2 or feat.shape[0] != n)):
+        raise DataError(f"coord and feat must have one row per cell ({n}), got {tuple(coord.shape)} and {tuple(getattr(feat, 'shape', ()))}")
+    if n and int(cell.min()) < 0:
+        raise DataError(f"cell must be >= 0, got a minimum of {int(cell.min())}")
+    with torch.no_grad():
+        batch = torch.repeat_interleave(torch.arange(len(sizes), device=cell.device), torch.tensor(sizes, device=cell.device))
+    return _pool(batch, cell, len(sizes), coord, feat, reduce)
+
+
+def _pool(batch: torch.Tensor, cell: torch.Tensor, b_count: int, coord: torch.Tensor,
+          feat: torch.Tensor | None, reduce: str) -> GridPooled:
+    """Pool the points of equal (cloud, cell); see :func:`grid_pool`.
+
+    Shapes:
+        batch: (N,), cell: (N, D) int64 >= 0, coord: (N, E), feat: (N, C) -> GridPooled
+    """
+    n = cell.shape[0]
+    with torch.no_grad():
         order, new_run = _sort_cells(batch, cell)  # (N,), (N,) bool: first point of each voxel
         first = new_run.nonzero().flatten()  # (V,) positions in sorted order
         count = torch.diff(first, append=first.new_tensor([n]))  # (V,)
         cluster = torch.empty_like(order).index_copy_(0, order, torch.cumsum(new_run, 0) - 1)  # (N,)
         index = order[first]  # stable sort: the lowest input index of each voxel
         new_offset = torch.cumsum(torch.bincount(batch[index], minlength=b_count), dim=0)
-        n_vox = count.shape[0]
 
     pooled_coord = segment_mean(coord, cluster, count)
     pooled_feat = None
     if feat is not None:
-        if reduce == "mean":
-            pooled_feat = segment_mean(feat, cluster, count)
-        else:
-            pooled_feat = feat.new_zeros((n_vox, feat.shape[1])).scatter_reduce(
-                0, cluster.unsqueeze(1).expand_as(feat), feat, "amax", include_self=False
-            )
+        pooled_feat = segment_mean(feat, cluster, count) if reduce == "mean" else segment_max(feat, cluster, count.shape[0])
     return GridPooled(pooled_coord, pooled_feat, new_offset, cluster, count, index)
+
+
+class _SegmentMax(torch.autograd.Function):
+    """Column-wise max per segment; the gradient is shared by a segment's tied maxima.
+
+    The same values and gradient as ``scatter_reduce(..., "amax", include_self=False)``,
+    whose backward on CPU is several times slower than this one (one compare, one
+    index_add, one gather).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, segment: torch.Tensor, num: int) -> torch.Tensor:  # type: ignore[override]
+        out = x.new_zeros((num, x.shape[1])).scatter_reduce_(
+            0, segment.unsqueeze(1).expand_as(x), x, "amax", include_self=False
+        )  # (S, C)
+        ctx.save_for_backward(x, segment, out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, segment, out = ctx.saved_tensors
+        hit = (x == out.index_select(0, segment)).to(grad.dtype)  # (N, C) 1 where x is its segment's max
+        ties = grad.new_zeros(out.shape).index_add_(0, segment, hit)  # (S, C) maxima per segment and column
+        return hit.mul_((grad / ties.clamp_min(1)).index_select(0, segment)), None, None  # (N, C)
+
+
+def segment_max(x: torch.Tensor, segment: torch.Tensor, num: int) -> torch.Tensor:
+    """Column-wise max of the rows of ``x`` per segment (an empty segment gives zeros).
+
+    Differentiable: a segment's gradient goes to the rows holding its maximum, shared
+    equally among ties (as ``scatter_reduce``'s ``"amax"``).
+
+    Shapes:
+        x: (N, C), segment: (N,) int64 in [0, num) -> (num, C)
+    """
+    segment = segment.to(x.device)
+    if not x.requires_grad or not torch.is_grad_enabled():
+        return x.new_zeros((num, x.shape[1])).scatter_reduce_(0, segment.unsqueeze(1).expand_as(x), x, "amax", include_self=False)
+    return _SegmentMax.apply(x, segment, num)
 
 
 def grid_unpool(pooled: torch.Tensor, cluster: torch.Tensor) -> torch.Tensor:

@@ -155,9 +155,11 @@ def serialized_block(cfg: PointTransformerV3Config, dim: int, heads: int, patch:
 class SerializedStage(nn.Module):
     r"""Optional grid pooling, then ``depth`` serialized-attention blocks sharing one context.
 
+    A stage without blocks builds no context (None): its points are only pooled.
+
     Shapes:
         level: SerialLevel (N points, in_channels)
-        -> (SerialLevel (M points, out_channels), context over the M points, cluster (N,) or None)
+        -> (SerialLevel (M points, out_channels), context over the M points or None, cluster (N,) or None)
     """
 
     def __init__(self, cfg: PointTransformerV3Config, in_channels: int, out_channels: int, *, depth: int, heads: int,
@@ -174,10 +176,12 @@ class SerializedStage(nn.Module):
             orders = [orders[i] for i in torch.randperm(len(orders)).tolist()]
         return stage_context(level, orders, self.cpe_k, self.cell)
 
-    def forward(self, level: SerialLevel) -> tuple[SerialLevel, SerializedContext, Tensor | None]:
+    def forward(self, level: SerialLevel) -> tuple[SerialLevel, SerializedContext | None, Tensor | None]:
         cluster = None
         if self.pool is not None:
             level, cluster = self.pool(level)
+        if not self.blocks:
+            return level, None, cluster
         ctx = self.context(level)
         x = level.feat  # (M, C)
         for block in self.blocks:
@@ -190,7 +194,8 @@ class PointTransformerV3Encoder(nn.Module):
 
     Shapes:
         batch level: coord (N, 3), feat (N, C_in), offset (B,)
-        -> S levels (finest first), S contexts, S cluster maps (None for the first stage)
+        -> S levels (finest first), S contexts (None for a stage without blocks), S cluster
+        maps (None for the first stage)
     """
 
     def __init__(self, in_channels: int, cfg: PointTransformerV3Config) -> None:
@@ -206,7 +211,7 @@ class PointTransformerV3Encoder(nn.Module):
             width, used = c, used + d
         self.stages = nn.ModuleList(stages)
 
-    def forward(self, coord: Tensor, feat: Tensor, offset: Tensor) -> tuple[list[SerialLevel], list[SerializedContext], list[Tensor | None]]:
+    def forward(self, coord: Tensor, feat: Tensor, offset: Tensor) -> tuple[list[SerialLevel], list[SerializedContext | None], list[Tensor | None]]:
         grid = grid_coordinates(coord, self.grid_size, offset)  # (N, 3)
         level = SerialLevel(coord, self.embedding(feat), offset, grid)
         levels, contexts, clusters = [], [], []
@@ -277,8 +282,11 @@ class PointTransformerV3Segmenter(nn.Module):
             s = len(levels) - 2 - j
             x = unpool(x, levels[s], clusters[s + 1])  # (N_s, C)
             feat = x.feat
+            ctx = contexts[s]
+            if blocks and ctx is None:  # an encoder stage without blocks built none
+                ctx = self.encoder.stages[s].context(levels[s])
             for block in blocks:
-                feat = block(feat, contexts[s])  # (N_s, C)
+                feat = block(feat, ctx)  # (N_s, C)
             x = x._replace(feat=feat)
         return self.head(x.feat, x.offset, batch.get("category") if self.num_categories else None)  # (N, num_classes)
 

@@ -10,14 +10,16 @@ unpooling instead of being recomputed.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, overload
 
 import torch
 from torch import Tensor, nn
 
 from sciformer.attention import NeighborBasis, SerializedContext, norm_layer
 from sciformer.errors import ConfigError
-from sciformer.geometry import grid_pool, knn, serialization_order
+from sciformer.geometry import knn, serialization_order
+from sciformer.geometry.grid import pool_cells
 
 
 class SerialLevel(NamedTuple):
@@ -38,12 +40,43 @@ def linear_bn_gelu(in_channels: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_channels, out_channels), norm_layer("batch", out_channels), nn.GELU())
 
 
+class SerialOrders(Sequence[Tensor]):
+    """The permutations of a level along ``orders``, each computed on first use and kept.
+
+    A stage with fewer blocks than orders uses only the first ones (block ``b`` uses order
+    ``b mod len(orders)``), so the curves of the other orders are never computed.
+
+    Shapes:
+        grid: (N, 3) int64, offset: (B,) -> ``self[i]``: (N,) int64 permutation
+    """
+
+    def __init__(self, grid: Tensor, offset: Tensor, orders: Sequence[str]) -> None:
+        self.grid, self.offset, self.names = grid, offset, list(orders)
+        self._perms: dict[int, Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> Tensor: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Tensor]: ...
+    def __getitem__(self, i: int | slice) -> Tensor | list[Tensor]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(len(self))[i]]
+        i = range(len(self))[i]  # negative indices, IndexError past the end
+        if i not in self._perms:
+            self._perms[i] = serialization_order(self.grid, self.offset, self.names[i])  # (N,)
+        return self._perms[i]
+
+
 def stage_context(level: SerialLevel, orders: list[str], cpe_k: int, cell: float) -> SerializedContext:
     """Serialization orders and the CPE's kNN basis of one stage, shared by its blocks.
 
-    ``cell`` is the stage's voxel edge: the CPE kernel sees offsets in cell units.
+    ``cell`` is the stage's voxel edge: the CPE kernel sees offsets in cell units. The
+    orders are serialized lazily (:class:`SerialOrders`): only those a block uses.
     """
-    perms = [serialization_order(level.grid, level.offset, order) for order in orders]  # each (N,)
+    perms = SerialOrders(level.grid, level.offset, orders)
     basis = None
     if cpe_k > 0:
         idx, _ = knn(level.coord, None, cpe_k, level.offset, fill="nearest")  # (N, k) self included
@@ -76,12 +109,10 @@ class SerializedPooling(nn.Module):
     def forward(self, level: SerialLevel) -> tuple[SerialLevel, Tensor]:
         h = self.proj(level.feat)  # (N, C_out)
         cells = torch.div(level.grid, self.stride, rounding_mode="floor")  # (N, 3)
-        pooled = grid_pool(cells.to(torch.float64), 1.0, level.offset, h, reduce="max", origin="zero")
+        pooled = pool_cells(cells, level.offset, level.coord, h, reduce="max")  # grid_pool on the cells
         assert pooled.feat is not None
-        count = pooled.count.to(level.coord.dtype).unsqueeze(1)  # (V, 1)
-        coord = level.coord.new_zeros((count.shape[0], 3)).index_add_(0, pooled.cluster, level.coord) / count  # (V, 3)
         feat = self.act(self.norm(pooled.feat))  # (V, C_out)
-        return SerialLevel(coord, feat, pooled.offset.to(level.offset.device), cells[pooled.index]), pooled.cluster
+        return SerialLevel(pooled.coord, feat, pooled.offset.to(level.offset.device), cells[pooled.index]), pooled.cluster
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}"

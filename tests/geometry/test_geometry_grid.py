@@ -150,3 +150,47 @@ def test_grid_pool_keeps_voxels_apart_beyond_int64(far):
     assert len(pooled.count) == oracle.max() + 1
     pairs = set(zip(ours.tolist(), oracle.reshape(-1).tolist()))
     assert len(pairs) == len(pooled.count)  # the same partition of the points
+
+
+def test_pool_cells_matches_grid_pool_and_numpy_oracle():
+    """Given integer cells, ``pool_cells`` pools exactly as ``grid_pool`` on those cells with
+    unit voxels (numpy voxel dictionary as the oracle of the partition and the max)."""
+    from sciformer.geometry.grid import pool_cells
+
+    rng = np.random.default_rng(5)
+    pts, off = random_batch(rng, [120, 1, 77])
+    cell = torch.from_numpy(np.floor(pts / 0.7).astype(np.int64))
+    cell -= cell.min(dim=0).values
+    coord = torch.from_numpy(pts)
+    feat = torch.randn(len(pts), 3, dtype=torch.float64)
+    got = pool_cells(cell, torch.from_numpy(off), coord, feat)
+    ref = grid_pool(cell.to(torch.float64), 1.0, torch.from_numpy(off), feat, origin="zero")
+    for a, b in [(got.cluster, ref.cluster), (got.count, ref.count), (got.index, ref.index), (got.offset, ref.offset), (got.feat, ref.feat)]:
+        assert torch.equal(a, b)
+    keys, groups, _, _, _ = grid_oracle(cell.numpy().astype(np.float64), off, 1.0, origin="zero")
+    np.testing.assert_allclose(got.coord.numpy(), [pts[groups[k]].mean(axis=0) for k in keys], rtol=1e-12)
+    np.testing.assert_array_equal(got.feat.numpy(), [feat.numpy()[groups[k]].max(axis=0) for k in keys])
+    with pytest.raises(DataError, match="cell must be"):
+        pool_cells(cell.to(torch.float64), torch.from_numpy(off), coord)
+
+
+def test_segment_max_gradient_equals_scatter_reduce_amax_with_ties():
+    """The fast backward of the voxel max equals torch's ``scatter_reduce("amax")`` gradient,
+    ties (duplicate points) sharing their segment's gradient."""
+    from sciformer.geometry.grid import segment_max
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 5, dtype=torch.float64, generator=gen)
+    segment = torch.randint(0, 9, (40,), generator=gen)
+    segment[segment == 4] = 5  # an empty segment
+    x[3] = 10.0  # the maximum of its segment in every column
+    x[7], segment[7] = x[3], segment[3]  # and a tie
+    grad = torch.randn(9, 5, dtype=torch.float64, generator=gen)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref = a.new_zeros((9, 5)).scatter_reduce(0, segment.unsqueeze(1).expand_as(a), a, "amax", include_self=False)
+    got = segment_max(b, segment, 9)
+    assert torch.equal(got, ref) and float(got[4].abs().sum()) == 0.0
+    ref.backward(grad)
+    got.backward(grad)
+    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-15)
+    assert float(b.grad[3].abs().sum()) > 0 and torch.equal(b.grad[3], b.grad[7])

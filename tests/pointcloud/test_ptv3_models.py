@@ -41,7 +41,8 @@ def build(name: str, in_channels: int = 3, categories: list[str] | None = None, 
 
 
 @pytest.mark.parametrize("name", ["point_transformer_v3_cls", "point_transformer_v3_seg"])
-@pytest.mark.parametrize("params", [{}, {"shift_patch": True, "cpe_k": 0}, {"orders": ["hilbert"], "patch_size": [8, 16, 1024]}])
+@pytest.mark.parametrize("params", [{}, {"shift_patch": True, "cpe_k": 0}, {"orders": ["hilbert"], "patch_size": [8, 16, 1024]},
+                                    {"depths": [0, 2, 1]}])  # no blocks, no encoder context: the decoder builds its own
 def test_forward_backward_on_unequal_clouds(name: str, params: dict) -> None:
     torch.manual_seed(0)
     model = build(name, **params)
