@@ -73,12 +73,12 @@ class Predictor:
     """A trained model with its data state, ready to predict arrays or files (see :func:`load`)."""
 
     def __init__(self, run_or_checkpoint: PathLike, device: str | None = None, overrides: Sequence[str] = ()) -> None:
-        from sciformer.engine.inference import load_for_inference, predict_fn
+        from sciformer.engine.inference import load_for_inference, predict_fn, predictor_state
         from sciformer.registry import DATASETS
 
         self.source = Path(run_or_checkpoint)
         self.experiment, state, self.model, self.device = load_for_inference(self.source, list(overrides), device)
-        self.data_state: dict[str, Any] = dict(state.get("data_state") or {})
+        self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
         self.epoch = state.get("epoch")
         name = self.experiment.cfg.data.name
@@ -124,10 +124,12 @@ class Predictor:
 
         ``features``: per-point inputs of a point array, as a dict (``colour`` (n, 3) in
         [0, 1] or 0..255, ``normal`` (n, 3), ``intensity`` (n,)) or one (n, c) array in the
-        order of :attr:`features`. ``wavelengths`` (B,) in nm replace the training scene's
-        band positions for a cube (the band count must match). ``options``: those of
-        ``sciformer predict`` (:class:`sciformer.contracts.PredictOptions`: ``overlap``,
-        ``rotations``, ``flip``, ``votes``, ``category``, ``columns``, ``labels``).
+        order of :attr:`features`. ``wavelengths`` (B,): the cube's band centres in nm
+        (as ``--wavelengths``): a model that places bands by wavelength then takes a cube of
+        any band set; see :mod:`sciformer.data.hsi.bandmatch` for the rules. ``options``:
+        those of ``sciformer predict`` (:class:`sciformer.contracts.PredictOptions`:
+        ``overlap``, ``rotations``, ``flip``, ``votes``, ``category``, ``columns``,
+        ``labels``, ``allow_band_mismatch``).
         """
         import torch
 
@@ -150,12 +152,9 @@ class Predictor:
                 input_path = self._write_cube(tmp_dir, data)
             else:
                 input_path = self._write_points(tmp_dir, data, features)
-            state = dict(self.data_state)
-            if wavelengths is not None:
-                state["wavelengths"] = self._check_wavelengths(wavelengths, input_path)
-            opts = PredictOptions(probabilities=self.kind == "points", **options)
+            opts = PredictOptions(probabilities=self.kind == "points", wavelengths=wavelengths, **options)
             with torch.no_grad():
-                return self._run(state, input_path, tmp_dir, batch_size, opts)
+                return self._run(dict(self.data_state), input_path, tmp_dir, batch_size, opts)
 
     def _run(self, state: dict[str, Any], input_path: Path, tmp_dir: Path, batch_size: int, options: Any) -> Prediction:
         predictor, cfg = self.entry.predictor, self.experiment.data_params
@@ -225,15 +224,6 @@ class Predictor:
         path = tmp_dir / "points.npz"
         np.savez(path, **arrays)
         return path
-
-    def _check_wavelengths(self, wavelengths: Sequence[float], input_path: Path) -> list[float]:
-        values = [float(v) for v in np.asarray(wavelengths, dtype=np.float64).reshape(-1)]
-        bands = int(self.data_state.get("in_bands", len(values)))
-        if len(values) != bands:
-            raise DataError(f"predict: {len(values)} wavelengths given, the model takes {bands} bands")
-        if not all(np.isfinite(values)):
-            raise DataError("predict: wavelengths must be finite numbers (nm)")
-        return values
 
 
 def _numpy(value: Any) -> np.ndarray:

@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--output-dir", "-o", type=Path, help="where to write metrics (default <run>/evaluation)")
     evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
     evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
+    evaluate.add_argument("--allow-band-mismatch", action="store_true", help="hyperspectral: evaluate a band-index model on other band centres (a loud warning)")
     _add_overrides(evaluate)
 
     predict = sub.add_parser("predict", help="predict new input files with a trained checkpoint")
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--columns", metavar="NAMES", help="headerless point files and raw .bin scans: e.g. x,y,z,intensity (float32) or x,y,z,r,g,b:float64")
     predict.add_argument("--category", help="part segmentation: the shape's category (e.g. Airplane)")
     predict.add_argument("--labels", metavar="MAP", help="hyperspectral: a ground-truth label map for the figure and metrics")
+    predict.add_argument("--wavelengths", metavar="NM", help="hyperspectral: the input's band centres in nm: 'a,b,...' or a .hdr/.npy/text file")
+    predict.add_argument("--allow-band-mismatch", action="store_true", help="hyperspectral: run a band-index model on other band centres (a loud warning)")
     _add_overrides(predict)
 
     sub.add_parser("info", help="versions, devices, optional backends, registered models and datasets")
@@ -109,12 +112,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
-    from sciformer.engine.inference import check_split_not_empty, load_for_inference
+    from sciformer.engine.inference import check_split_not_empty, load_for_inference, predictor_state
     from sciformer.engine.trainer import evaluate_and_export
 
     exp, state, model, device = load_for_inference(args.checkpoint, overrides)
     task = builders.build_task(exp)
     check_split_not_empty(task, exp.cfg.evaluation.split)
+    task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=args.allow_band_mismatch)
     if task.info.num_classes != int(state["data_info"]["num_classes"]):
         raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
     ckpt_file = checkpoint_file(args.checkpoint, in_run="best.pt")
@@ -137,7 +141,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise SciformerError(f"--batch-size must be at least 1, got {args.batch_size}")
     options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes,
-                             probabilities=args.probabilities, columns=args.columns, category=args.category, labels=args.labels)
+                             probabilities=args.probabilities, columns=args.columns, category=args.category, labels=args.labels,
+                             wavelengths=args.wavelengths, allow_band_mismatch=args.allow_band_mismatch)
     inputs = expand_inputs(args.input)
     many = len(args.input) > 1 or any(Path(spec).expanduser().is_dir() or not Path(spec).expanduser().exists() for spec in args.input)
     # Every output path is checked against every format any dataset writes before anything loads ...
@@ -155,6 +160,7 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
         plan_outputs,
         predict_fn,
         prediction_suffixes,
+        predictor_state,
     )
     from sciformer.registry import DATASETS
 
@@ -171,7 +177,7 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
     for input_path, output_path in pairs:
         output_path.parent.mkdir(parents=True, exist_ok=True)
-        written = entry.predictor(exp.data_params, state.get("data_state", {}), predict, input_path, output_path,
+        written = entry.predictor(exp.data_params, predictor_state(state, exp), predict, input_path, output_path,
                                   batch_size, options=options)
         print(f"wrote {written or output_path}")
     return 0

@@ -97,11 +97,23 @@ class PredictOptions:
     columns: str | None = None  # point files without a header (raw .bin scans): "x,y,z,intensity[:float32]" (--columns)
     category: str | None = None  # part segmentation: the shape's category, e.g. Airplane (--category)
     labels: str | None = None  # hyperspectral: a ground-truth label map for the figure and metrics (--labels)
+    # hyperspectral: the input's band centres in nm (a list, or a .hdr/.npy/text file or 'a,b,...'; --wavelengths)
+    wavelengths: Any = None
+    allow_band_mismatch: bool = False  # hyperspectral: run an index-position model on other band centres (--allow-band-mismatch)
 
     FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",  # noqa: RUF012
-             "probabilities": "--probabilities", "columns": "--columns", "category": "--category", "labels": "--labels"}
+             "probabilities": "--probabilities", "columns": "--columns", "category": "--category", "labels": "--labels",
+             "wavelengths": "--wavelengths", "allow_band_mismatch": "--allow-band-mismatch"}
+    # Options only the predictors that name them in ``start_prediction(accept=...)`` take; the others refuse them.
+    OPT_IN = ("wavelengths", "allow_band_mismatch")
 
     def __post_init__(self) -> None:
+        if self.wavelengths is not None and not isinstance(self.wavelengths, (str, os.PathLike)):
+            try:
+                values = tuple(float(v) for v in np.asarray(self.wavelengths, dtype=np.float64).reshape(-1))
+                object.__setattr__(self, "wavelengths", values)  # frozen: a hashable tuple of nm
+            except (TypeError, ValueError):
+                raise DataError("wavelengths: expected a list of band centres in nm, a file or 'a,b,...'") from None
         if not 0.0 <= self.overlap <= 4.0:
             raise SciformerError(f"--overlap must be between 0 and 4 (context points per core point), got {self.overlap}")
         for name in ("rotations", "votes"):
@@ -194,6 +206,14 @@ class TaskData(ABC):
 
     def save_artifacts(self, run_dir: Path) -> None:
         """Write split masks, protocol files and the like into the run folder."""
+
+    def match_checkpoint(self, state: dict[str, Any], *, allow_band_mismatch: bool = False) -> None:
+        """Check (and adapt) this data against the data state of the checkpoint that evaluates it.
+
+        ``state`` is the checkpoint's data state plus the model's ``position_source``;
+        a mismatch the model cannot take is a one-line error. Hyperspectral tasks check
+        the band set (count and wavelengths); the default accepts everything.
+        """
 
     def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
                            score: ScoreFn | None = None) -> dict[str, Any]:

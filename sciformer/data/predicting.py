@@ -42,15 +42,17 @@ def start_prediction(
     suffixes: Sequence[str],
     *,
     refuse: Sequence[str] = (),
+    accept: Sequence[str] = (),
 ) -> tuple[PredictOptions, Path, Path]:
     """``(options, input_path, output_path)`` for a predictor, after the checks every one makes.
 
     ``options`` defaults to :class:`PredictOptions`; the options named in ``refuse``
-    must keep their defaults (they do not apply to ``dataset``); the output suffix must
-    be one of ``suffixes`` (:func:`check_output_suffix`).
+    must keep their defaults (they do not apply to ``dataset``), and so must the opt-in
+    options (:attr:`PredictOptions.OPT_IN`) not named in ``accept``; the output suffix
+    must be one of ``suffixes`` (:func:`check_output_suffix`).
     """
     options = options or PredictOptions()
-    options.require_defaults(dataset, *refuse)
+    options.require_defaults(dataset, *refuse, *(o for o in PredictOptions.OPT_IN if o not in accept))
     input_path, output_path = Path(input_path), Path(output_path)
     check_output_suffix(output_path, suffixes, input_path)
     return options, input_path, output_path

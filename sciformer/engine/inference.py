@@ -73,6 +73,16 @@ def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str |
     return exp, state, model.to(device).eval(), device
 
 
+def predictor_state(state: dict[str, Any], exp: Experiment) -> dict[str, Any]:
+    """A checkpoint's data state with the model's ``position_source`` (band index or wavelength),
+    as the dataset's predictor and :meth:`TaskData.match_checkpoint` take it."""
+    out = dict(state.get("data_state") or {})
+    source = getattr(exp.model_params, "position_source", None)
+    if source is not None:
+        out["position_source"] = str(source)
+    return out
+
+
 def predict_fn(model: nn.Module, device: torch.device, amp: str) -> PredictFn:
     """``batch -> logits`` (float32, on ``device``) with the model in eval mode, no grad."""
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sciformer.contracts import check_patch_size
+from sciformer.data.hsi.wavelengths import given_nanometres
 
 # ----------------------------------------------------------------------------- config
 
@@ -96,6 +97,7 @@ class HSISceneConfig(BaseModel):
     label_key: str | None = None
     label_path: str | None = None
     wavelength_key: str | None = None
+    wavelengths: list[float] | None = None  # band centres in nm, one per band of the cube
     class_names: list[str] | None = None
     patch_size: int = 7
     padding: Literal["reflect", "symmetric", "edge", "zero"] = "reflect"
@@ -115,6 +117,13 @@ class HSISceneConfig(BaseModel):
     @classmethod
     def _odd(cls, v: int) -> int:
         return check_patch_size(v, key="", error=ValueError)
+
+    @field_validator("wavelengths")
+    @classmethod
+    def _wavelengths(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return v
+        return [float(w) for w in given_nanometres(v, None, "band centres", ValueError)]
 
     @field_validator("class_names")
     @classmethod

@@ -48,12 +48,14 @@ class Container:
         loader: Callable[[str], np.ndarray],
         wavelengths: np.ndarray | None = None,
         class_names: list[str] | None = None,
+        fwhm: np.ndarray | None = None,
     ) -> None:
         self.path = path
         self.arrays = arrays
         self._loader = loader
-        self.wavelengths = wavelengths
+        self.wavelengths = wavelengths  # (B,) band centres in nm, from a header
         self.class_names = class_names
+        self.fwhm = fwhm  # (B,) band widths in nm, from a header
 
     def keys(self) -> list[str]:
         return list(self.arrays)
@@ -181,10 +183,7 @@ def _spy_to_container(path: Path, img: Any) -> Container:
     meta = getattr(img, "metadata", {}) or {}
     is_class = str(meta.get("file type", "")).lower() == "envi classification"
     kind = np.dtype(img.dtype).kind
-    wavelengths = None
-    centers = getattr(getattr(img, "bands", None), "centers", None)
-    if centers is not None and len(centers) == shape[2]:
-        wavelengths = np.asarray(centers, dtype=np.float64)
+    wavelengths, fwhm = _envi_band_centres(path, img, shape[2])
     class_names = None
     if is_class and "class names" in meta:
         names = [str(n).strip() for n in meta["class names"]]
@@ -197,7 +196,29 @@ def _spy_to_container(path: Path, img: Any) -> Container:
         data = np.array(img.open_memmap(interleave="bip"))  # (H, W, B) native dtype
         return data[:, :, 0] if len(arr_shape) == 2 else data
 
-    return Container(path, {key: ArrayInfo(arr_shape, kind, itemsize)}, load, wavelengths, class_names)
+    return Container(path, {key: ArrayInfo(arr_shape, kind, itemsize)}, load, wavelengths, class_names, fwhm)
+
+
+def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Band centres and widths (nm) of an ENVI/ERDAS image: its ``wavelength`` / ``fwhm`` fields
+    in its ``wavelength units`` (see :mod:`sciformer.data.hsi.wavelengths`); None when absent."""
+    from sciformer.data.hsi.wavelengths import check_wavelengths, to_nanometres
+
+    info = getattr(img, "bands", None)
+    centers, widths = getattr(info, "centers", None), getattr(info, "bandwidths", None)
+    units = getattr(info, "band_unit", None)
+    where = f"{path}: header field 'wavelength'"
+    if centers is None or bands == 1:  # a one-band file is a label map
+        return None, None
+    wavelengths = to_nanometres(centers, units, where)
+    if wavelengths is None:  # 'wavelength units = Index': band numbers, not centres
+        return None, None
+    wavelengths = check_wavelengths(wavelengths, bands, where)
+    fwhm = None
+    raw = np.asarray(centers, dtype=np.float64)  # (B,) as written
+    if widths is not None and len(widths) == bands and np.allclose(wavelengths, raw * (wavelengths[0] / raw[0])):
+        fwhm = np.asarray(widths, dtype=np.float64) * (wavelengths[0] / raw[0])  # (B,) the centres' factor (not wavenumbers)
+    return wavelengths, fwhm
 
 
 def _open_envi(header: Path, data_file: Path | None) -> Container:

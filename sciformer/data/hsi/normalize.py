@@ -122,6 +122,30 @@ class Normalizer:
 
     __call__ = transform
 
+    def at_wavelengths(self, fitted_at: np.ndarray, wavelengths: np.ndarray) -> Normalizer:
+        """This normaliser for another band set: each band's shift and scale linearly
+        interpolated at its centre ``wavelengths`` (nm) from the fitted bands' centres
+        ``fitted_at`` (edge values beyond them). Exact for a subset of the fitted bands;
+        it assumes the input is in the training scene's radiometric units. No PCA.
+
+        Shapes:
+            fitted_at: (B,), wavelengths: (B',) -> a normaliser taking (..., B')
+        """
+        if not self.fitted:
+            raise DataError("Normalizer: not fitted yet; call fit() first")
+        if self.pca_basis is not None:
+            raise DataError("Normalizer: a PCA basis is tied to the fitted bands; it cannot be read at other wavelengths")
+        src = np.asarray(fitted_at, dtype=np.float64).reshape(-1)  # (B,)
+        dst = np.asarray(wavelengths, dtype=np.float64).reshape(-1)  # (B',)
+        if src.shape != (self.in_bands,):
+            raise DataError(f"Normalizer: {src.size} fitted wavelengths for {self.in_bands} fitted bands")
+        order = np.argsort(src, kind="stable")  # np.interp needs increasing positions (sensors overlap)
+        out = Normalizer(self.method, None, self.eps)
+        out.in_bands = int(dst.size)
+        out.shift = np.interp(dst, src[order], self.shift[order])  # (B',)
+        out.scale = np.interp(dst, src[order], self.scale[order])  # (B',)
+        return out
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Fitted state as torch tensors (float64), ints and strings (weights_only-safe)."""

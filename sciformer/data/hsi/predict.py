@@ -13,6 +13,7 @@ from sciformer.contracts import (
     PredictFn,
     PredictOptions,
 )
+from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
@@ -29,6 +30,7 @@ from sciformer.data.hsi.readers import (
     read_labels,
     read_scene,
 )
+from sciformer.data.hsi.wavelengths import read_wavelength_spec
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.errors import DataError
 from sciformer.utils.progress import progress
@@ -42,7 +44,8 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> tuple[Scene, 
         return load_builtin(str(input_path)), None
     keys = list_arrays(input_path)
     image_key = cfg.image_key if cfg.image_key in keys else None
-    scene = read_scene(input_path, image_key, labels="none")
+    wavelength_key = cfg.wavelength_key if cfg.wavelength_key in keys else None
+    scene = read_scene(input_path, image_key, labels="none", wavelength_key=wavelength_key)
     try:  # a label map in the same file only decorates the PNG
         scene.gt = read_labels(input_path, None, scene.cube.shape[:2])
     except DataError:
@@ -89,26 +92,30 @@ def predict_hsi_file(
     ``.tif``/``.tiff`` (GeoTIFF with the input's georeference, no-data 0, a colour table
     and class names; needs rasterio). Inputs: any cube file the dataset reads, or a GeoTIFF.
     With ``options.labels`` the overall / mean class accuracy on its labelled pixels is printed.
+    The input's band set is matched to the model's by :func:`~sciformer.data.hsi.bandmatch.plan_bands`
+    (centres from the file or ``options.wavelengths``; ``options.allow_band_mismatch``).
     """
     options, input_path, output_path = start_prediction(
         "hsi_scene", options, input_path, output_path, PREDICT_SUFFIXES,
-        refuse=("overlap", "rotations", "flip", "votes", "probabilities", "columns", "category"))
+        refuse=("overlap", "rotations", "flip", "votes", "probabilities", "columns", "category"),
+        accept=("wavelengths", "allow_band_mismatch"))
     suffix = output_path.suffix.lower()
     norm = Normalizer.from_state(state_value(state, "normaliser", "hsi_scene"))
     class_names = [str(n) for n in state_value(state, "class_names", "hsi_scene")]
     patch_size = int(state_value(state, "patch_size", "hsi_scene"))
     padding = str(state.get("padding", cfg.padding))
-    in_bands = int(state_value(state, "in_bands", "hsi_scene"))
+    trained = TrainedBands.from_state(state)
+    given = None if options.wavelengths is None else read_wavelength_spec(options.wavelengths)
     scene, georef = _read_for_prediction(cfg, input_path)
-    if scene.num_bands != in_bands:
-        raise DataError(
-            f"{input_path}: the cube has {scene.num_bands} bands but the model was trained on {in_bands} bands"
-        )
+    wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), "--wavelengths")
+    plan = plan_bands(trained, scene.num_bands, wl, str(input_path), allow_mismatch=options.allow_band_mismatch)
+    if plan.resample:
+        assert trained.wavelengths is not None and plan.wavelengths is not None
+        norm = norm.at_wavelengths(trained.wavelengths, plan.wavelengths)
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names))
     padded = pad_cube(norm.transform(scene.cube), patch_size, padding)  # (C, H + 2r, W + 2r)
-    wl = state.get("wavelengths")
-    wavelength = torch.as_tensor(wl, dtype=torch.float32) if wl is not None else None
+    wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)  # (B,)
 
     def make_batch(patches: torch.Tensor) -> Batch:
         batch: Batch = {"patch": patches}

@@ -31,6 +31,7 @@ from sciformer.data.hsi.containers import (
     fmt_shape,
     open_container,
 )
+from sciformer.data.hsi.wavelengths import check_wavelengths, to_nanometres
 from sciformer.errors import DataError
 from sciformer.utils.limits import MAX_CLASS_ID
 
@@ -44,7 +45,7 @@ class Scene:
     Attributes:
         cube: (H, W, B) image, float32 or the file's native dtype.
         gt: (H, W) int64 label map, 0 = unlabelled, classes 1..K; None when absent.
-        wavelengths: (B,) band centres (nm for most sensors) or None.
+        wavelengths: (B,) band centres in nm, or None.
         class_names: names of classes 1..K or None.
         source: where the scene came from (a path or a built-in name).
     """
@@ -143,17 +144,26 @@ def _pick_label_key(
 
 
 def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray | None:
+    """Band centres in nm: ``key``'s array, else the header's, else an array named like ``wavelength``.
+
+    Arrays carry no units: all values below 30 are read as micrometres (see
+    :func:`~sciformer.data.hsi.wavelengths.to_nanometres`).
+    """
     if key is not None:
-        arr = c.load(key).astype(np.float64).ravel()
-        if arr.size != bands:
-            raise DataError(f"{c.path}: wavelength_key '{key}' has {arr.size} values; expected {bands} (one per band)")
-        return arr
-    if c.wavelengths is not None and c.wavelengths.size == bands:
-        return c.wavelengths
+        if key not in c.arrays:
+            raise DataError(f"{c.path}: wavelength_key '{key}' not found; available keys: {c._listing()}")
+        where = f"{c.path} [{key}] (wavelength_key)"
+        if int(np.prod(c.arrays[key].shape)) != bands:
+            raise DataError(f"{where}: {int(np.prod(c.arrays[key].shape))} values for a cube of {bands} bands; "
+                            "expected one band centre per band")
+        return check_wavelengths(to_nanometres(c.load(key), None, where), bands, where)
+    if c.wavelengths is not None:
+        return c.wavelengths  # checked and in nm (containers.py)
     for name, info in c.arrays.items():
         low = name.lower()
         if ("wave" in low or low in ("wl", "wavelength", "lambda")) and int(np.prod(info.shape)) == bands:
-            return c.load(name).astype(np.float64).ravel()
+            where = f"{c.path} [{name}]"
+            return check_wavelengths(to_nanometres(c.load(name), None, where), bands, where)
     return None
 
 
@@ -226,8 +236,10 @@ def read_scene(
         image_key: array holding the cube; found automatically when None.
         label_key: array holding the labels (in ``label_path`` if given, else in ``path``).
         label_path: separate file holding the label map.
-        wavelength_key: array of band centres; else taken from an ENVI header or an
-            array named like ``wavelength`` with one value per band.
+        wavelength_key: array of band centres; else taken from an ENVI header
+            (``wavelength`` in its ``wavelength units``) or an array named like
+            ``wavelength`` with one value per band. Returned in nm; unit-less values
+            all below 30 are read as micrometres.
         class_names: names of classes 1..K (else from an ENVI classification header).
         labels: ``"required"`` (error if none), ``"optional"`` (None if none found)
             or ``"none"`` (do not look).
@@ -270,7 +282,7 @@ def read_scene(
         wavelengths=wavelengths,
         class_names=names,
         source=str(path),
-        meta={"image_key": key},
+        meta={"image_key": key} if c.fwhm is None else {"image_key": key, "fwhm": c.fwhm},
     )
 
 

@@ -8,6 +8,9 @@ An experiment's ``data:`` section (every key optional; shown with its default)::
       image_key: null             # array names inside .mat/.npz files (found automatically)
       label_key: null
       label_path: null            # labels in a separate file
+      wavelength_key: null        # array of band centres in a .mat/.npz (ENVI headers: read automatically)
+      wavelengths: null           # band centres in nm, one per band, e.g. [400.0, 410.0, ...]
+                                  #   (an error if the file carries different ones)
       patch_size: 7               # odd
       padding: reflect            # reflect | symmetric | edge | zero
       normalise: standard         # standard | minmax | none, fitted on training pixels
@@ -44,6 +47,7 @@ from sciformer.contracts import (
     ScoreFn,
     TaskData,
 )
+from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import AugmentConfig, HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
@@ -84,6 +88,9 @@ def load_source(cfg: HSISceneConfig, ctx: BuildContext) -> Scene:
             wavelength_key=cfg.wavelength_key,
             labels="required" if needs_gt else "optional",
         )
+    if cfg.wavelengths is not None:  # the YAML's centres: one per band, and not against the file's
+        scene.wavelengths = input_wavelengths(scene.wavelengths, np.asarray(cfg.wavelengths), scene.num_bands,
+                                              scene.source, "data.wavelengths", ConfigError)
     return scene
 
 
@@ -263,6 +270,14 @@ class HSISceneTask(TaskData):
         if self._wavelength is not None:
             state["wavelengths"] = self._wavelength.clone()
         return state
+
+    def match_checkpoint(self, state: dict[str, Any], *, allow_band_mismatch: bool = False) -> None:
+        """Check this scene's band set against a checkpoint's (:func:`~sciformer.data.hsi.bandmatch.plan_bands`)
+        and feed the model the band centres the rules pick."""
+        wl = None if self.normalizer.pca_components is not None else self.wavelengths
+        plan = plan_bands(TrainedBands.from_state(state), self.facts.bands, wl, self.facts.source,
+                          allow_mismatch=allow_band_mismatch)
+        self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
 
     def save_artifacts(self, run_dir: Path) -> None:
         run_dir = Path(run_dir)

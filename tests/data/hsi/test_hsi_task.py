@@ -239,7 +239,7 @@ def test_predict_file(scene_dir):
     with_gt = predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "scene.mat", tmp_path / "gt.png", 64)
     assert matplotlib.image.imread(with_gt).shape[1] > matplotlib.image.imread(tmp_path / "out.png").shape[1]
     np.save(tmp_path / "short.npy", cube[:, :, :5])
-    with pytest.raises(DataError, match="5 bands but the model was trained on 8 bands"):
+    with pytest.raises(DataError, match="has 5 bands and no wavelengths; the model was trained on 8 bands"):
         predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "short.npy", tmp_path / "x.npy", 64)
     with pytest.raises(DataError, match="unsupported output suffix '.csv'"):
         predict_hsi_file(cfg, state, centre_predictor(4), tmp_path / "new.npy", tmp_path / "x.csv", 64)

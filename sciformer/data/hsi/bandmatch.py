@@ -1,0 +1,140 @@
+"""Applying a trained model to a cube of another band set: the rules, in one place.
+
+``sciformer predict``, ``sciformer evaluate`` and :meth:`sciformer.Predictor.predict` all
+call :func:`plan_bands`. A model *places bands by wavelength* when its
+``model.position_source`` is ``wavelength``, or ``auto`` and its training scene had band
+centres (the checkpoint records them as ``data_state["wavelengths"]``, nm); otherwise it
+places them by band index (``index``, a scene without centres, or PCA components).
+
+======================  ===================  ==========================================
+model places bands by   the input            result
+======================  ===================  ==========================================
+wavelength              has centres          runs at the input's centres (any count);
+                                             the normaliser is read at those centres
+wavelength              no centres, same     runs at the checkpoint's centres, with a
+                        band count           one-line note on stderr
+wavelength              no centres, other    one-line error: give the centres
+                        count
+index                   other band count     one-line error (retrain with wavelengths)
+index                   same count, other    one-line error, or with
+                        centres              ``allow_band_mismatch`` a loud warning
+index                   same count, same or  runs
+                        unknown centres
+======================  ===================  ==========================================
+
+Two band sets are the same when every centre agrees within
+:data:`~sciformer.data.hsi.wavelengths.TOLERANCE_NM`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sciformer.data.hsi.wavelengths import TOLERANCE_NM, describe, same_wavelengths
+from sciformer.data.predicting import state_value
+from sciformer.errors import DataError
+
+HOW_TO_GIVE = ("give the cube's band centres (an ENVI 'wavelength' field, data.wavelength_key for .mat, "
+               "--wavelengths, or wavelengths= in Python)")
+
+
+@dataclass
+class TrainedBands:
+    """The band set a checkpoint's model was trained on."""
+
+    bands: int  # bands of the training cube (before PCA)
+    wavelengths: np.ndarray | None  # (bands,) centres in nm, as recorded
+    by_wavelength: bool  # the model places bands by wavelength
+    pca_components: int | None = None
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> TrainedBands:
+        """From a checkpoint's data state (plus ``position_source``, the model's setting)."""
+        bands = int(state_value(state, "in_bands", "hsi_scene"))
+        raw = state.get("wavelengths")
+        wl = None if raw is None else np.asarray(raw.tolist() if hasattr(raw, "tolist") else raw, dtype=np.float64).reshape(-1)
+        source = str(state.get("position_source") or "auto")
+        pca = (state.get("normaliser") or {}).get("pca_components")
+        return cls(bands, wl, wl is not None and source != "index", None if pca is None else int(pca))
+
+
+@dataclass
+class BandPlan:
+    """What the model is fed for one input."""
+
+    wavelengths: np.ndarray | None  # (B,) centres in nm for batch['wavelength']; None: band indices
+    resample: bool = False  # the normaliser must be read at ``wavelengths`` (another band set)
+    notes: list[str] = field(default_factory=list)  # printed on stderr
+
+
+def input_wavelengths(from_file: np.ndarray | None, given: np.ndarray | None, bands: int, where: str,
+                      given_as: str, error: type[Exception] = DataError) -> np.ndarray | None:
+    """The centres of an input: those given (``given_as``: '--wavelengths', 'data.wavelengths') or the file's.
+
+    Given centres must count one per band; given together with a file that carries
+    centres, they must agree (a one-line ``error`` otherwise: remove one or fix the file).
+    """
+    if given is None:
+        return from_file
+    given = np.asarray(given, dtype=np.float64).reshape(-1)
+    if given.size != bands:
+        raise error(f"{given_as}: {given.size} wavelengths for {where}, a cube of {bands} bands; expected one band centre per band")
+    if from_file is not None and not same_wavelengths(from_file, given):
+        i = int(np.argmax(np.abs(from_file - given)))
+        raise error(f"{given_as} differ from the band centres {where} carries (band {i}: {given[i]:g} vs {from_file[i]:g} nm); "
+                    f"remove {given_as} or fix the file")
+    return given
+
+
+def plan_bands(trained: TrainedBands, bands: int, wavelengths: np.ndarray | None, where: str, *,
+               allow_mismatch: bool = False, quiet: bool = False) -> BandPlan:
+    """Apply the rules of the module docstring to an input of ``bands`` bands with ``wavelengths`` (nm or None).
+
+    Raises a one-line DataError for what the model cannot take; notes and warnings go to
+    stderr (unless ``quiet``) and are returned in :attr:`BandPlan.notes`.
+    """
+    plan = _plan(trained, bands, wavelengths, where, allow_mismatch)
+    if not quiet:
+        for line in plan.notes:
+            print(line, file=sys.stderr)
+    return plan
+
+
+def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, allow: bool) -> BandPlan:
+    if trained.by_wavelength:
+        assert trained.wavelengths is not None
+        if wl is None:
+            if bands != trained.bands:
+                raise DataError(f"{where}: the cube has {bands} bands and no wavelengths; the model was trained on "
+                                f"{trained.bands} bands placed by wavelength: {HOW_TO_GIVE}")
+            return BandPlan(trained.wavelengths, notes=[
+                f"note: {where} carries no wavelengths; using the model's ({describe(trained.wavelengths)}), "
+                "as for the same sensor; give --wavelengths if it is another"])
+        if same_wavelengths(wl, trained.wavelengths):
+            return BandPlan(wl)
+        lo, hi = float(trained.wavelengths.min()), float(trained.wavelengths.max())
+        outside = int(np.sum((wl < lo - TOLERANCE_NM) | (wl > hi + TOLERANCE_NM)))
+        notes = [f"note: {where}: {describe(wl)} placed by wavelength in a model trained on {describe(trained.wavelengths)}"]
+        if outside:
+            notes.append(f"note: {outside} of {wl.size} bands of {where} lie outside the trained {lo:.1f}-{hi:.1f} nm")
+        return BandPlan(wl, resample=True, notes=notes)
+    if bands != trained.bands:
+        if trained.pca_components is not None:
+            raise DataError(f"{where}: the cube has {bands} bands but the model takes {trained.pca_components} PCA components "
+                            f"of {trained.bands}-band cubes; only a {trained.bands}-band cube of the same sensor fits")
+        why = "model.position_source=index" if trained.wavelengths is not None else "its training scene had no wavelengths"
+        raise DataError(f"{where}: the cube has {bands} bands but the model was trained on {trained.bands} bands placed "
+                        f"by band index ({why}); to apply it to other band sets, train with band centres "
+                        "(data.wavelengths or data.wavelength_key) and model.position_source=wavelength")
+    if wl is not None and trained.wavelengths is not None and not same_wavelengths(wl, trained.wavelengths):
+        i = int(np.argmax(np.abs(wl - trained.wavelengths)))
+        detail = (f"{where}: band centres differ from the model's (band {i}: {wl[i]:g} vs {trained.wavelengths[i]:g} nm) "
+                  "and the model places bands by index")
+        if not allow:
+            raise DataError(f"{detail}; pass --allow-band-mismatch (allow_band_mismatch=True in Python) to run anyway")
+        return BandPlan(None, notes=[f"WARNING: {detail}: the predictions may be meaningless (--allow-band-mismatch)"])
+    return BandPlan(None)

@@ -1,0 +1,171 @@
+"""Band centres (wavelengths) of hyperspectral cubes, always in nanometres.
+
+Where centres come from, in one place:
+
+- ENVI headers: ``wavelength = {...}`` with ``wavelength units = {...}``; the units are
+  converted to nm (:func:`to_nanometres`: nanometres, micrometres, millimetres,
+  centimetres, metres, wavenumbers in cm^-1). A header without units (or with
+  ``Unknown``) is read by magnitude: all values below 30 are micrometres (no imaging
+  sensor has band centres below 30 nm; thermal sensors reach ~14 um), else nanometres.
+  ``fwhm = {...}`` (band widths), when present, is converted the same way.
+- ``.mat`` / ``.npz`` arrays (``data.wavelength_key``, or an array named like
+  ``wavelength``): no units are stored, so the same magnitude rule applies.
+- Numbers the user gives (``data.wavelengths`` in the YAML, ``--wavelengths`` on the
+  command line, ``wavelengths=`` in the Python API): nanometres; values that all look
+  like micrometres are refused (:func:`given_nanometres`).
+
+Every list is checked: finite, positive, one value per band (:func:`check_wavelengths`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sciformer.errors import DataError
+
+MICROMETRE_LIMIT = 30.0  # unit-less centres all below this are micrometres
+TOLERANCE_NM = 1.0  # two band sets are the same when every centre agrees within this
+
+# ENVI 'wavelength units' spellings -> factor to nm (lower case, spaces removed)
+_FACTORS = {
+    "nanometers": 1.0, "nanometres": 1.0, "nanometer": 1.0, "nanometre": 1.0, "nm": 1.0,
+    "micrometers": 1e3, "micrometres": 1e3, "micrometer": 1e3, "micrometre": 1e3, "microns": 1e3, "micron": 1e3,
+    "um": 1e3, "µm": 1e3, "μm": 1e3,
+    "millimeters": 1e6, "millimetres": 1e6, "millimeter": 1e6, "millimetre": 1e6, "mm": 1e6,
+    "centimeters": 1e7, "centimetres": 1e7, "cm": 1e7,
+    "meters": 1e9, "metres": 1e9, "meter": 1e9, "metre": 1e9, "m": 1e9,
+}
+_WAVENUMBER = ("wavenumber", "wavenumbers", "cm-1", "cm^-1", "1/cm")
+_UNKNOWN = ("", "unknown", "<unspecified>", "unspecified", "none")
+_NOT_WAVELENGTHS = ("index", "indices", "bandnumber", "band", "bands")
+ACCEPTED_UNITS = "Nanometers/nm, Micrometers/um/µm, Millimeters/mm, Centimeters/cm, Meters/m, Wavenumber (cm^-1)"
+
+
+def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | None:
+    """``values`` (B,) in ``units`` as float64 nanometres; None when ``units`` says they are band indices.
+
+    ``units`` None, empty or ``Unknown``: by magnitude (all < 30: micrometres, else nm).
+    An unknown unit name is a one-line DataError listing the accepted ones.
+    """
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)  # (B,)
+    key = re.sub(r"\s+", "", str(units or "")).lower()
+    if key in _NOT_WAVELENGTHS:
+        return None
+    if key in _UNKNOWN:
+        finite = arr[np.isfinite(arr)]
+        factor = 1e3 if finite.size and float(np.abs(finite).max()) < MICROMETRE_LIMIT else 1.0
+        return arr * factor
+    if key in _WAVENUMBER:
+        with np.errstate(divide="ignore"):
+            return np.where(arr > 0, 1e7 / np.where(arr > 0, arr, 1.0), np.nan)  # cm^-1 -> nm
+    if key not in _FACTORS:
+        raise DataError(f"{where}: wavelength units '{str(units)[:40]}' not understood; expected one of {ACCEPTED_UNITS}")
+    return arr * _FACTORS[key]
+
+
+def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Exception] = DataError) -> np.ndarray:
+    """``values`` as a float64 (B,) array after the checks every source shares.
+
+    Finite, positive and (when ``bands`` is given) exactly one value per band; each
+    failure is a one-line ``error`` naming ``where``.
+    """
+    try:
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)  # (B,)
+    except (TypeError, ValueError):
+        raise error(f"{where}: expected a list of numbers (band centres in nm)") from None
+    if arr.size == 0:
+        raise error(f"{where}: no wavelengths given; expected one band centre (nm) per band")
+    if not np.all(np.isfinite(arr)):
+        raise error(f"{where}: {int((~np.isfinite(arr)).sum())} wavelength(s) are NaN or infinite; expected finite band centres in nm")
+    if np.any(arr <= 0):
+        raise error(f"{where}: wavelengths must be positive (nm); found {float(arr.min()):g}")
+    if bands is not None and arr.size != bands:
+        raise error(f"{where}: {arr.size} wavelengths for a cube of {bands} bands; expected one band centre per band")
+    return arr
+
+
+def given_nanometres(values: Any, bands: int | None, where: str, error: type[Exception] = DataError) -> np.ndarray:
+    """Wavelengths a user typed (YAML, ``--wavelengths``, API): checked, in nm, never micrometres."""
+    arr = check_wavelengths(values, bands, where, error)
+    if float(arr.max()) < MICROMETRE_LIMIT:
+        raise error(f"{where}: values {float(arr.min()):g}..{float(arr.max()):g} look like micrometres; "
+                    "give band centres in nanometres (multiply by 1000)")
+    return arr
+
+
+def same_wavelengths(a: np.ndarray | None, b: np.ndarray | None, tol: float = TOLERANCE_NM) -> bool:
+    """True when both band sets have the same count and every centre agrees within ``tol`` nm."""
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol))
+
+
+def describe(wl: np.ndarray | None) -> str:
+    """``'200 bands, 400.0-2499.0 nm'`` for messages."""
+    if wl is None:
+        return "no wavelengths"
+    return f"{wl.size} bands, {float(wl.min()):.1f}-{float(wl.max()):.1f} nm"
+
+
+def read_wavelength_spec(spec: str | Sequence[float] | np.ndarray, where: str = "--wavelengths") -> np.ndarray:
+    """The band centres (nm) a ``--wavelengths`` value names.
+
+    ``spec`` is a list of numbers (nm), an inline ``'400,410,...'`` string, or a file:
+    ``.hdr`` (its ``wavelength`` and ``wavelength units``), ``.npy``, or text with numbers
+    separated by commas, spaces or new lines (nm).
+    """
+    if not isinstance(spec, str):
+        return given_nanometres(spec, None, where)
+    text = spec.strip()
+    if re.fullmatch(r"[\s,;0-9.eE+-]+", text) and re.search(r"[\s,;]", text):  # '400,410,...' (not a file '400')
+        try:
+            values = [float(t) for t in re.split(r"[\s,;]+", text) if t]
+        except ValueError:
+            values = []
+        if values:
+            return given_nanometres(values, None, where)
+    try:
+        path = Path(text).expanduser()
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        is_file = False
+    if is_file:
+        return _read_wavelength_file(path, where)
+    raise DataError(f"{where} '{text[:60]}': neither a file nor a comma-separated list of band centres in nm")
+
+
+def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
+    label = f"{where} {path}"
+    suffix = path.suffix.lower()
+    if suffix == ".hdr":
+        from spectral.io.envi import read_envi_header
+
+        try:
+            header = read_envi_header(str(path))
+        except Exception as exc:  # noqa: BLE001 - any parse failure is a bad header
+            raise DataError(f"{label}: not a readable ENVI header ({' '.join(str(exc).split())[:120]})") from None
+        if "wavelength" not in header:
+            raise DataError(f"{label}: the header has no 'wavelength = {{...}}' field")
+        try:
+            raw = [float(v) for v in header["wavelength"]]
+        except (TypeError, ValueError):
+            raise DataError(f"{label}: the 'wavelength' field holds non-numbers") from None
+        wl = to_nanometres(raw, header.get("wavelength units"), label)
+        if wl is None:
+            raise DataError(f"{label}: 'wavelength units = Index' gives band numbers, not band centres")
+        return check_wavelengths(wl, None, label)
+    try:
+        if suffix == ".npy":
+            values = np.load(path, allow_pickle=False)
+        else:
+            values = [float(t) for t in re.split(r"[\s,;]+", path.read_text()[:1_000_000]) if t]
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{label}: cannot read band centres ({' '.join(str(exc).split())[:120]}); "
+                        "expected .hdr, .npy or numbers in nm separated by commas or spaces") from None
+    return given_nanometres(values, None, label)

@@ -1,0 +1,115 @@
+"""The rules for applying a model to a cube of another band set (one row of the table each),
+and the normaliser read at other wavelengths (oracle: the fitted statistics of the same bands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sciformer.contracts import PredictOptions
+from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
+from sciformer.data.hsi.normalize import Normalizer
+from sciformer.data.predicting import start_prediction
+from sciformer.errors import ConfigError, DataError, SciformerError
+
+WL = np.linspace(400.0, 2500.0, 200)  # (200,) nm
+
+
+def trained(source: str = "auto", wavelengths: np.ndarray | None = WL, pca: int | None = None) -> TrainedBands:
+    state = {"in_bands": 200, "position_source": source, "normaliser": {"pca_components": pca}}
+    if wavelengths is not None:
+        state["wavelengths"] = torch.as_tensor(wavelengths, dtype=torch.float32)
+    return TrainedBands.from_state(state)
+
+
+def test_which_models_place_bands_by_wavelength() -> None:
+    assert trained("auto").by_wavelength and trained("wavelength").by_wavelength
+    assert not trained("index").by_wavelength
+    assert not trained("auto", wavelengths=None).by_wavelength  # trained without centres: indices
+    assert trained(pca=30, wavelengths=None).pca_components == 30
+
+
+def test_wavelength_model_takes_any_band_set_with_centres(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_bands(trained(), 100, WL[::2], "half.npy")
+    np.testing.assert_array_equal(plan.wavelengths, WL[::2])
+    assert plan.resample
+    assert "half.npy: 100 bands, 400.0-2489.4 nm placed by wavelength" in capsys.readouterr().err
+    narrow = np.linspace(350.0, 1050.0, 72)  # 5 bands below the trained 400 nm
+    plan = plan_bands(trained(), 72, narrow, "muufl.mat")
+    assert "note: 5 of 72 bands of muufl.mat lie outside the trained 400.0-2500.0 nm" in capsys.readouterr().err
+    same = plan_bands(trained(), 200, WL + 0.4, "same.npy")  # within the 1 nm tolerance: the same band set
+    assert not same.resample and capsys.readouterr().err == ""
+
+
+def test_wavelength_model_without_input_centres(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_bands(trained(), 200, None, "cube.npy")  # same sensor: the checkpoint's centres
+    np.testing.assert_allclose(plan.wavelengths, WL, atol=1e-3)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "note: cube.npy carries no wavelengths; using the model's (200 bands" in err
+    with pytest.raises(DataError, match=r"cube.npy: the cube has 100 bands and no wavelengths; the model was trained "
+                                        r"on 200 bands placed by wavelength: give the cube's band centres") as exc:
+        plan_bands(trained(), 100, None, "cube.npy")
+    assert "\n" not in str(exc.value)
+
+
+def test_index_model_refuses_other_band_counts() -> None:
+    with pytest.raises(DataError, match=r"x.npy: the cube has 100 bands but the model was trained on 200 bands placed "
+                                        r"by band index \(model.position_source=index\)"):
+        plan_bands(trained("index"), 100, WL[::2], "x.npy")
+    with pytest.raises(DataError, match=r"100 bands but the model was trained on 200 bands .*training scene had no wavelengths"):
+        plan_bands(trained("auto", wavelengths=None), 100, None, "x.npy")
+    with pytest.raises(DataError, match="takes 30 PCA components of 200-band cubes"):
+        plan_bands(trained(pca=30, wavelengths=None), 100, WL[::2], "x.npy")
+
+
+def test_index_model_with_other_centres_needs_the_opt_in(capsys: pytest.CaptureFixture[str]) -> None:
+    shifted = WL.copy()
+    shifted[7] += 25.0
+    with pytest.raises(DataError, match=r"band centres differ from the model's \(band 7: 498\.\d+ vs 473\.\d+ nm\).*"
+                                        r"pass --allow-band-mismatch"):
+        plan_bands(trained("index"), 200, shifted, "x.npy")
+    plan = plan_bands(trained("index"), 200, shifted, "x.npy", allow_mismatch=True)
+    assert plan.wavelengths is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("WARNING: x.npy: band centres differ")
+    assert plan_bands(trained("index"), 200, WL, "x.npy").wavelengths is None  # same centres: runs, by index
+    assert plan_bands(trained("index"), 200, None, "x.npy").wavelengths is None
+    assert capsys.readouterr().err == ""
+
+
+def test_given_centres_against_the_file() -> None:
+    np.testing.assert_array_equal(input_wavelengths(None, WL, 200, "x", "--wavelengths"), WL)
+    np.testing.assert_array_equal(input_wavelengths(WL, None, 200, "x", "--wavelengths"), WL)
+    np.testing.assert_array_equal(input_wavelengths(WL, WL + 0.5, 200, "x", "--wavelengths"), WL + 0.5)
+    with pytest.raises(DataError, match=r"--wavelengths: 100 wavelengths for x, a cube of 200 bands"):
+        input_wavelengths(None, WL[::2], 200, "x", "--wavelengths")
+    with pytest.raises(ConfigError, match=r"data.wavelengths differ from the band centres x carries \(band 0: 410 vs 400"):
+        input_wavelengths(WL, WL + 10, 200, "x", "data.wavelengths", ConfigError)
+
+
+def test_normaliser_read_at_other_wavelengths() -> None:
+    rng = np.random.default_rng(0)
+    wl = np.concatenate([np.linspace(400, 1300, 12), np.linspace(1250, 2500, 12)])  # overlapping spectrometers
+    cube = rng.normal(50, 7, (9, 8, 24)) * np.linspace(1, 3, 24)  # (H, W, B)
+    for method in ("standard", "minmax", "none"):
+        norm = Normalizer(method).fit(cube, np.ones((9, 8), bool))
+        half = norm.at_wavelengths(wl, wl[::2])
+        np.testing.assert_allclose(half.transform(cube[:, :, ::2]), norm.transform(cube)[:, :, ::2], rtol=1e-5, atol=1e-5)
+    norm = Normalizer("standard").fit(cube, np.ones((9, 8), bool))
+    between = norm.at_wavelengths(wl, np.array([450.0]))
+    expect = np.interp(450.0, wl[:2], cube.reshape(-1, 24)[:, :2].mean(axis=0))  # linear between bands 0 and 1
+    np.testing.assert_allclose(between.shift, [expect])
+    with pytest.raises(DataError, match="PCA basis is tied to the fitted bands"):
+        Normalizer("standard", 3).fit(cube, np.ones((9, 8), bool)).at_wavelengths(wl, wl[::2])
+
+
+def test_band_options_are_refused_by_other_predictors(tmp_path: Path) -> None:
+    for opts in (PredictOptions(wavelengths=[500.0, 600.0]), PredictOptions(allow_band_mismatch=True)):
+        with pytest.raises(SciformerError, match="does not apply to 'modelnet' predictions"):
+            start_prediction("modelnet", opts, tmp_path / "a.ply", tmp_path / "b.json", (".json",))
+        start_prediction("hsi_scene", opts, tmp_path / "a.npy", tmp_path / "b.npy", (".npy",),
+                         accept=("wavelengths", "allow_band_mismatch"))
+    assert PredictOptions(wavelengths=np.array([[500.0], [600.0]])).wavelengths == (500.0, 600.0)

@@ -1,0 +1,195 @@
+"""Band centres from ENVI headers (with units), .mat keys and the YAML, always in nm.
+
+Oracles: headers are written here as plain text (not by the reader's library), so the
+expected centres are the numbers typed into them times the unit's factor; the real crops
+are checked against the band centres their data README publishes and against a direct
+``scipy.io.loadmat`` of the stored array.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+from synthetic import make_hsi_scene
+
+from sciformer import config
+from sciformer.contracts import BuildContext
+from sciformer.data.hsi.readers import read_scene
+from sciformer.data.hsi.task import build_hsi_scene
+from sciformer.data.hsi.wavelengths import given_nanometres, read_wavelength_spec, to_nanometres
+from sciformer.errors import ConfigError, DataError
+
+
+def write_envi_text(folder: Path, cube: np.ndarray, extra: str) -> Path:
+    """An ENVI float32 BSQ pair written by hand: ``extra`` holds the header's wavelength lines."""
+    h, w, b = cube.shape
+    header = folder / "cube.hdr"
+    header.write_text(f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
+                      f"data type = 4\ninterleave = bsq\nbyte order = 0\n{extra}")
+    np.ascontiguousarray(cube.astype("<f4").transpose(2, 0, 1)).tofile(folder / "cube.img")  # (B, H, W)
+    return header
+
+
+def braces(values: np.ndarray, fmt: str = "{:.4f}") -> str:
+    return "{" + ", ".join(fmt.format(v) for v in values) + "}"
+
+
+@pytest.mark.parametrize(("units", "factor"), [("Nanometers", 1.0), ("nm", 1.0), ("Micrometers", 1e3), ("um", 1e3),
+                                               ("µm", 1e3), ("micrometres", 1e3), ("Millimeters", 1e6), ("MM", 1e6)])
+def test_envi_header_units_become_nanometres(tmp_path: Path, units: str, factor: float) -> None:
+    cube, _, wl_nm = make_hsi_scene(h=6, w=5, bands=7, classes=2, block=2)
+    written = wl_nm / factor  # what the header says, in its units
+    header = write_envi_text(tmp_path, cube, f"wavelength units = {units}\nwavelength = {braces(written, '{:.9g}')}\n"
+                                             f"fwhm = {braces(np.full(7, 10.0) / factor, '{:.9g}')}\n")
+    scene = read_scene(header, labels="none")
+    np.testing.assert_allclose(scene.wavelengths, wl_nm, rtol=1e-8)
+    np.testing.assert_allclose(scene.meta["fwhm"], np.full(7, 10.0), rtol=1e-8)
+    np.testing.assert_array_equal(scene.cube, cube.astype(np.float32))
+
+
+def test_envi_header_without_units_is_read_by_magnitude(tmp_path: Path) -> None:
+    cube, _, wl_nm = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    (tmp_path / "um").mkdir()
+    (tmp_path / "nm").mkdir()
+    in_um = read_scene(write_envi_text(tmp_path / "um", cube, f"wavelength = {braces(wl_nm / 1000)}\n"), labels="none")
+    np.testing.assert_allclose(in_um.wavelengths, np.round(wl_nm / 1000, 4) * 1000)  # all < 30: micrometres
+    in_nm = read_scene(write_envi_text(tmp_path / "nm", cube, f"wavelength = {braces(wl_nm)}\n"), labels="none")
+    np.testing.assert_allclose(in_nm.wavelengths, np.round(wl_nm, 4))
+
+
+def test_envi_header_wavenumbers_index_and_bad_units(tmp_path: Path) -> None:
+    np.testing.assert_allclose(to_nanometres([10000.0, 1000.0], "Wavenumber", "x"), [1000.0, 10000.0])  # 1e7 / cm^-1
+    assert to_nanometres([1, 2, 3], "Index", "x") is None  # band numbers, not centres
+    cube, _, wl = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    header = write_envi_text(tmp_path, cube, f"wavelength units = furlongs\nwavelength = {braces(wl)}\n")
+    with pytest.raises(DataError, match=r"wavelength units 'furlongs' not understood; expected one of Nanometers") as err:
+        read_scene(header, labels="none")
+    assert "\n" not in str(err.value)
+    header.write_text(header.read_text().replace("furlongs", "Index"))
+    assert read_scene(header, labels="none").wavelengths is None
+
+
+def test_envi_header_with_a_wrong_count_or_bad_values_is_refused(tmp_path: Path) -> None:
+    cube, _, wl = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    header = write_envi_text(tmp_path, cube, f"wavelength units = nm\nwavelength = {braces(wl[:4])}\n")
+    with pytest.raises(DataError, match="4 wavelengths for a cube of 5 bands"):
+        read_scene(header, labels="none")
+    bad = wl.copy()
+    bad[2] = -1.0
+    header = write_envi_text(tmp_path, cube, f"wavelength units = nm\nwavelength = {braces(bad)}\n")
+    with pytest.raises(DataError, match="wavelengths must be positive"):
+        read_scene(header, labels="none")
+
+
+def test_mat_wavelength_key(tmp_path: Path) -> None:
+    cube, gt, wl = make_hsi_scene(h=6, w=5, bands=7, classes=2, block=2)
+    path = tmp_path / "scene.mat"
+    scipy.io.savemat(path, {"cube": cube, "gt": gt.astype(np.uint8), "centres_um": (wl / 1000)[:, None],
+                            "short": wl[:3]})
+    assert read_scene(path).wavelengths is None  # 'centres_um' is not named like a wavelength array
+    np.testing.assert_allclose(read_scene(path, wavelength_key="centres_um").wavelengths, wl)  # micrometres -> nm
+    with pytest.raises(DataError, match=r"wavelength_key\): 3 values for a cube of 7 bands"):
+        read_scene(path, wavelength_key="short")
+    with pytest.raises(DataError, match="wavelength_key 'nope' not found; available keys: cube"):
+        read_scene(path, wavelength_key="nope")
+
+
+def write_yaml_scene(tmp_path: Path, bands: int = 6, **mat: np.ndarray) -> np.ndarray:
+    cube, gt, wl = make_hsi_scene(h=12, w=12, bands=bands, classes=2, block=3)
+    scipy.io.savemat(tmp_path / "scene.mat", {"cube": cube, "gt": gt.astype(np.uint8), **mat})
+    return wl
+
+
+def build_yaml(tmp_path: Path, *overrides: str):
+    raw = {"data": {"name": "hsi_scene", "source": "scene.mat", "patch_size": 3,
+                    "split": {"kind": "stratified", "train_per_class": 5}},
+           "model": {"name": "spectral_spatial", "dim": 16, "depth": 1, "num_heads": 2}}
+    exp = config.from_dict(raw, tmp_path, list(overrides))
+    return build_hsi_scene(exp.data_params, BuildContext(base_dir=tmp_path))
+
+
+def test_yaml_wavelengths_reach_the_task_and_checkpoint_state(tmp_path: Path) -> None:
+    wl = write_yaml_scene(tmp_path)
+    task = build_yaml(tmp_path, f"data.wavelengths=[{','.join(f'{w:.6f}' for w in wl)}]")
+    np.testing.assert_allclose(task.info.wavelengths, wl, atol=1e-6)
+    np.testing.assert_allclose(task.state()["wavelengths"].numpy(), wl, atol=1e-3)  # float32 in the checkpoint
+    assert build_yaml(tmp_path).info.wavelengths is None  # the .mat carries none
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("[400, .nan, 500]", "data.wavelengths.*finite"),
+    ("[400, -5, 500]", "data.wavelengths.*must be positive"),
+    ("[0.4, 0.5, 0.6]", "data.wavelengths.*look like micrometres"),
+    ("[]", "data.wavelengths.*no wavelengths given"),
+])
+def test_yaml_wavelengths_are_validated_when_the_config_loads(tmp_path: Path, value: str, message: str) -> None:
+    write_yaml_scene(tmp_path)
+    with pytest.raises(ConfigError, match=message) as err:
+        build_yaml(tmp_path, f"data.wavelengths={value}")
+    assert "\n" not in str(err.value)
+
+
+def test_yaml_wavelengths_count_and_disagreement_with_the_file(tmp_path: Path) -> None:
+    wl = write_yaml_scene(tmp_path, wavelength=wl_of(6))
+    listing = ",".join(f"{w:.4f}" for w in wl)
+    with pytest.raises(ConfigError, match="data.wavelengths: 5 wavelengths for .*scene.mat, a cube of 6 bands"):
+        build_yaml(tmp_path, f"data.wavelengths=[{','.join(f'{w:.4f}' for w in wl[:5])}]")
+    shifted = ",".join(f"{w + 7:.4f}" for w in wl)
+    with pytest.raises(ConfigError, match=r"data.wavelengths differ from the band centres .*scene.mat carries .*remove"):
+        build_yaml(tmp_path, f"data.wavelengths=[{shifted}]")
+    task = build_yaml(tmp_path, f"data.wavelengths=[{listing}]")  # the same centres: accepted
+    np.testing.assert_allclose(task.info.wavelengths, wl, atol=1e-3)
+
+
+def wl_of(bands: int) -> np.ndarray:
+    return make_hsi_scene(h=12, w=12, bands=bands, classes=2, block=3)[2]
+
+
+def test_wavelength_spec_forms(tmp_path: Path) -> None:
+    wl = np.array([450.5, 550.25, 650.0])
+    np.testing.assert_allclose(read_wavelength_spec("450.5, 550.25,650"), wl)
+    (tmp_path / "wl.txt").write_text("450.5\n550.25\n650\n")
+    np.testing.assert_allclose(read_wavelength_spec(str(tmp_path / "wl.txt")), wl)
+    np.save(tmp_path / "wl.npy", wl)
+    np.testing.assert_allclose(read_wavelength_spec(str(tmp_path / "wl.npy")), wl)
+    (tmp_path / "other.hdr").write_text("ENVI\nwavelength units = Micrometers\nwavelength = {0.4505, 0.55025, 0.65}\n")
+    np.testing.assert_allclose(read_wavelength_spec(str(tmp_path / "other.hdr")), wl)
+    many = np.arange(300) * 7.5 + 400.0  # a long inline list is not mistaken for a file name
+    np.testing.assert_allclose(read_wavelength_spec(",".join(f"{w:g}" for w in many)), many)
+    with pytest.raises(DataError, match="neither a file nor a comma-separated list"):
+        read_wavelength_spec("missing.txt")
+    with pytest.raises(DataError, match="look like micrometres"):
+        given_nanometres([0.45, 0.55], None, "--wavelengths")
+
+
+# ----------------------------------------------------------------------------- real crops
+
+# Published in the data folder's README (band centres in nm): count, first, last.
+PUBLISHED = {"aviris_crop_224bands.mat": (224, 365.9, 2496.2, "hsi_img"),
+             "muufl_crop_72bands.mat": (72, 367.7, 1043.4, "hsi_img_sub")}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_real_crops_give_their_published_band_centres(data_root: Path, name: str) -> None:
+    count, first, last, key = PUBLISHED[name]
+    path = data_root / "hsi_wavelengths" / name
+    scene = read_scene(path, labels="none")
+    assert scene.meta["image_key"] == key and scene.num_bands == count
+    assert scene.wavelengths is not None and scene.wavelengths.shape == (count,)
+    assert round(float(scene.wavelengths[0]), 1) == first and round(float(scene.wavelengths[-1]), 1) == last
+    np.testing.assert_array_equal(scene.wavelengths, scipy.io.loadmat(path)["wavelengths"].ravel())
+
+
+def test_real_crop_as_envi_in_micrometres(data_root: Path, tmp_path: Path) -> None:
+    """The AVIRIS crop's centres written into an ENVI header in micrometres come back in nm."""
+    raw = scipy.io.loadmat(data_root / "hsi_wavelengths" / "aviris_crop_224bands.mat")
+    cube, wl = raw["hsi_img"][:10, :12].astype(np.float32), raw["wavelengths"].ravel()
+    header = write_envi_text(tmp_path, cube, f"wavelength units = Micrometers\nwavelength = {braces(wl / 1000, '{:.7f}')}\n")
+    typed = np.array([float(v) for v in re.findall(r"[0-9.]+", header.read_text().split("wavelength =")[1])])  # (224,)
+    scene = read_scene(header, labels="none")
+    np.testing.assert_allclose(scene.wavelengths, typed * 1000, rtol=1e-12)
+    np.testing.assert_allclose(scene.wavelengths, wl, atol=1e-4)

@@ -1,0 +1,151 @@
+"""Wavelength-aware models end to end: Indian Pines models (one placing bands by wavelength,
+one by index; tiny, one epoch) applied by ``sciformer predict``, ``sciformer evaluate`` and
+the Python API to real cubes of other band sets (every second Indian Pines band; real
+AVIRIS and CASI crops with their published band centres), and refused where the rules of
+:mod:`sciformer.data.hsi.bandmatch` say so, each time as one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+
+import sciformer
+from sciformer.cli import main
+from sciformer.data.hsi.builtin import load_indian_pines
+
+YAML = ("name: ip_{source}\ndata:\n  name: hsi_scene\n  source: indian_pines\n  patch_size: 3\n"
+        "  split: {{kind: stratified, train_per_class: 6, val_fraction: 0.2}}\n"
+        "model: {{name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 10, spectral_hidden: 16, "
+        "position_source: {source}}}\n"
+        "train: {{epochs: 1, batch_size: 32, progress: never, threads: 1}}\n"
+        "evaluation: {{split: val}}\nexport: {{npy: false, png: false, envi: false}}\n")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("tensorly")
+    root = tmp_path_factory.mktemp("ip_wavelengths")
+    out = {"root": root}
+    for source in ("wavelength", "index"):
+        (root / f"{source}.yaml").write_text(YAML.format(source=source))
+        assert main(["train", "-c", str(root / f"{source}.yaml"), "-o", str(root / source)]) == 0
+        out[source] = root / source
+    scene = load_indian_pines()
+    assert scene.wavelengths is not None and scene.gt is not None
+    np.save(root / "half.npy", scene.cube[:, :, ::2])  # (145, 145, 100) no centres in the file
+    np.savetxt(root / "half_nm.txt", scene.wavelengths[::2])
+    np.save(root / "full.npy", scene.cube)  # (145, 145, 200) no centres in the file
+    np.save(root / "gt.npy", scene.gt)
+    np.save(root / "wl.npy", scene.wavelengths)
+    return out
+
+
+def predict(run: Path, inp: Path, out: Path, *extra: str) -> int:
+    return main(["predict", "--checkpoint", str(run), "-i", str(inp), "-o", str(out), *extra])
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_checkpoint_records_the_training_wavelengths(runs: dict[str, Path]) -> None:
+    from tensorly.datasets import load_indian_pines as tensorly_indian_pines  # the oracle: the published centres
+
+    published = np.asarray(tensorly_indian_pines()["ticks"][1], dtype=np.float64)  # (200,) nm
+    state = torch.load(runs["wavelength"] / "checkpoints" / "best.pt", weights_only=True)
+    np.testing.assert_allclose(state["data_state"]["wavelengths"].numpy(), published, atol=1e-3)
+    np.testing.assert_allclose(state["data_info"]["wavelengths"], published, atol=1e-9)
+    assert state["data_state"]["in_bands"] == 200 and state["config"]["model"]["position_source"] == "wavelength"
+
+
+@pytest.mark.parametrize(("name", "shape", "outside"), [("aviris_crop_224bands.mat", (90, 90), 4),
+                                                         ("muufl_crop_72bands.mat", (51, 88), 4)])
+def test_wavelength_model_predicts_real_crops_of_other_sensors(runs: dict[str, Path], data_root: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str], name: str,
+                                                               shape: tuple[int, int], outside: int) -> None:
+    crop = data_root / "hsi_wavelengths" / name
+    bands = scipy.io.loadmat(crop)["wavelengths"].size
+    assert predict(runs["wavelength"], crop, tmp_path / "map.npy") == 0
+    label_map = np.load(tmp_path / "map.npy")
+    assert label_map.shape == shape and label_map.min() >= 1 and label_map.max() <= 16  # one class per pixel
+    err = capsys.readouterr().err
+    assert f"{bands} bands, " in err and "placed by wavelength in a model trained on 200 bands" in err
+    below = int((scipy.io.loadmat(crop)["wavelengths"].ravel() < 400.02 - 1.0).sum())  # Indian Pines starts at 400.02 nm
+    assert below == outside and f"note: {outside} of {bands} bands" in err
+
+
+def test_real_crop_without_centres_is_refused_then_runs_with_them(runs: dict[str, Path], data_root: Path,
+                                                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = scipy.io.loadmat(data_root / "hsi_wavelengths" / "aviris_crop_224bands.mat")
+    np.save(tmp_path / "aviris.npy", raw["hsi_img"])  # the cube alone: no centres
+    assert predict(runs["wavelength"], tmp_path / "aviris.npy", tmp_path / "map.npy") == 2
+    err = one_error_line(capsys)
+    assert "the cube has 224 bands and no wavelengths; the model was trained on 200 bands" in err and "--wavelengths" in err
+    assert not (tmp_path / "map.npy").exists()
+    np.savetxt(tmp_path / "aviris_nm.txt", raw["wavelengths"].ravel())
+    assert predict(runs["wavelength"], tmp_path / "aviris.npy", tmp_path / "map.npy", "--wavelengths",
+                   str(tmp_path / "aviris_nm.txt")) == 0
+    assert np.load(tmp_path / "map.npy").shape == (90, 90)
+
+
+def test_every_second_band_through_a_200_band_wavelength_model(runs: dict[str, Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    root = runs["root"]
+    assert predict(runs["wavelength"], root / "half.npy", tmp_path / "half.npy", "--wavelengths",
+                   str(root / "half_nm.txt")) == 0
+    half = np.load(tmp_path / "half.npy")
+    assert half.shape == (145, 145) and half.min() >= 1 and half.max() <= 16
+    assert "100 bands, 400.0-2489.1 nm placed by wavelength" in capsys.readouterr().err
+    # the Python API takes the centres as an argument and gives the same map
+    model = sciformer.load(runs["wavelength"], device="cpu")
+    wl = np.load(root / "wl.npy")
+    pred = model.predict(np.load(root / "half.npy"), wavelengths=wl[::2])
+    np.testing.assert_array_equal(pred.labels + 1, half)
+    with pytest.raises(sciformer.api.DataError, match="has 100 bands and no wavelengths; the model was trained on 200"):
+        model.predict(np.load(root / "half.npy"))
+
+
+def test_same_band_count_without_centres_uses_the_checkpoints(runs: dict[str, Path], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    root = runs["root"]
+    assert predict(runs["wavelength"], root / "full.npy", tmp_path / "a.npy") == 0
+    err = capsys.readouterr().err
+    assert "full.npy carries no wavelengths; using the model's (200 bands, 400.0-2499.0 nm)" in err
+    assert predict(runs["wavelength"], root / "full.npy", tmp_path / "b.npy", "--wavelengths", str(root / "wl.npy")) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+
+
+def test_index_model_refuses_other_band_sets(runs: dict[str, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = runs["root"]
+    assert predict(runs["index"], root / "half.npy", tmp_path / "x.npy", "--wavelengths", str(root / "half_nm.txt")) == 2
+    err = one_error_line(capsys)
+    assert "the cube has 100 bands but the model was trained on 200 bands placed by band index" in err
+    shifted = np.load(root / "wl.npy") + 20.0
+    np.savetxt(tmp_path / "shifted.txt", shifted)
+    assert predict(runs["index"], root / "full.npy", tmp_path / "x.npy", "--wavelengths", str(tmp_path / "shifted.txt")) == 2
+    assert "--allow-band-mismatch" in one_error_line(capsys)
+    assert predict(runs["index"], root / "full.npy", tmp_path / "x.npy", "--wavelengths", str(tmp_path / "shifted.txt"),
+                   "--allow-band-mismatch") == 0
+    assert capsys.readouterr().err.startswith("WARNING: ")
+    assert np.load(tmp_path / "x.npy").shape == (145, 145)
+
+
+def test_evaluate_applies_the_same_rules(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = runs["root"]
+    scene = [f"data.source={root / 'half.npy'}", f"data.label_path={root / 'gt.npy'}"]
+    listing = "data.wavelengths=[" + ",".join(f"{w:.2f}" for w in np.load(root / "wl.npy")[::2]) + "]"
+    assert main(["evaluate", "--checkpoint", str(runs["index"]), "-o", str(tmp_path / "i"), *scene, listing]) == 2
+    assert "the cube has 100 bands but the model was trained on 200 bands placed by band index" in one_error_line(capsys)
+    assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "w"), *scene]) == 2
+    assert "has 100 bands and no wavelengths" in one_error_line(capsys)
+    assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "w"), *scene, listing]) == 0
+    metrics = json.loads((tmp_path / "w" / "metrics.json").read_text())
+    assert 0.0 <= metrics["oa"] <= 1.0
