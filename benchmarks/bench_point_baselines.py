@@ -4,7 +4,9 @@ What LiDAR users run instead of a deep model (Weinmann et al. 2015; CloudCompare
 per point, covariance eigenvalue features of its k nearest neighbours at several scales
 (linearity, planarity, scattering, omnivariance, anisotropy, eigenentropy, change of
 curvature, verticality), height above the local minimum (2-D cells), the neighbourhood's
-height range and spread, plus intensity and colour when the scene has them. The forest
+height range and spread (:mod:`sciformer.data.pointcloud.geometric`, the library's one
+home for them: the ``geometric`` input feature of ``las_tiles`` is the same rows), plus
+intensity and colour when the scene has them. The forest
 trains on the experiment's training (and validation) scenes with the experiment's label
 mapping, and is scored on every point of its test scenes with the library's one mIoU rule
 (:func:`sciformer.engine.metrics.scores_from_confusion`; ignored labels left out).
@@ -25,61 +27,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from sciformer import config
+from sciformer.data.pointcloud.geometric import geometric_features
 from sciformer.engine import builders
 from sciformer.engine.metrics import scores_from_confusion
 
-SCALES = (10, 25, 50)  # neighbours per scale
-CELL = 5.0  # metres: 2-D cells for the local ground minimum (3 x 3 cells around each point)
-
-
-def eigen_features(coord: np.ndarray, tree: cKDTree, k: int) -> np.ndarray:
-    """Eigenvalue features of each point's k-neighbourhood, (n, 11)."""
-    k = min(k, len(coord))
-    _, idx = tree.query(coord, k=k)  # (n, k)
-    nb = coord[idx.reshape(len(coord), k)]  # (n, k, 3)
-    centred = nb - nb.mean(axis=1, keepdims=True)  # (n, k, 3)
-    cov = np.einsum("nki,nkj->nij", centred, centred) / k  # (n, 3, 3)
-    vals, vecs = np.linalg.eigh(cov)  # ascending (n, 3), (n, 3, 3)
-    vals = np.clip(vals, 1e-12, None)
-    l3, l2, l1 = vals[:, 0], vals[:, 1], vals[:, 2]
-    total = l1 + l2 + l3
-    e = vals / total[:, None]  # normalised (n, 3)
-    normal_z = np.abs(vecs[:, 2, 0])  # z of the smallest eigenvector (n,)
-    z = nb[..., 2]  # (n, k)
-    return np.stack([
-        (l1 - l2) / l1, (l2 - l3) / l1, l3 / l1,  # linearity, planarity, scattering
-        np.cbrt(e.prod(axis=1)), (l1 - l3) / l1,  # omnivariance, anisotropy
-        -(e * np.log(e)).sum(axis=1), l3 / total, np.log(total),  # eigenentropy, curvature change, sum
-        1.0 - normal_z, z.max(axis=1) - z.min(axis=1), z.std(axis=1),  # verticality, z range, z spread
-    ], axis=1)
-
-
-def height_above_local_min(coord: np.ndarray, cell: float = CELL) -> np.ndarray:
-    """z minus the lowest z within the 3 x 3 block of ``cell``-metre cells around each point, (n,)."""
-    ij = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell).astype(np.int64)  # (n, 2)
-    shape = ij.max(axis=0) + 3
-    grid = np.full(shape, np.inf)
-    np.minimum.at(grid, (ij[:, 0] + 1, ij[:, 1] + 1), coord[:, 2])
-    padded = np.full(shape, np.inf)
-    for di in (-1, 0, 1):
-        for dj in (-1, 0, 1):
-            shifted = np.roll(np.roll(grid, di, axis=0), dj, axis=1)
-            padded = np.minimum(padded, shifted)
-    return coord[:, 2] - padded[ij[:, 0] + 1, ij[:, 1] + 1]
-
 
 def point_features(sample: dict[str, Any]) -> np.ndarray:
-    """Every feature of one scene, (n, F); F depends on which of intensity / colour it has."""
+    """Every feature of one scene, (n, F): the library's geometric features
+    (:func:`sciformer.data.pointcloud.geometric.geometric_features`, the same rows the
+    ``geometric`` input feature of ``las_tiles`` gives a network) plus intensity / colour where present."""
     coord = np.asarray(sample["coord"], dtype=np.float64)  # (n, 3)
-    tree = cKDTree(coord)
-    parts = [eigen_features(coord, tree, k) for k in SCALES]
-    parts.append(height_above_local_min(coord)[:, None])
+    parts = [geometric_features(coord)]
     for key in ("intensity", "colour"):
         if key in sample and sample[key] is not None:
-            parts.append(np.asarray(sample[key], dtype=np.float64).reshape(len(coord), -1))
+            parts.append(np.asarray(sample[key], dtype=np.float32).reshape(len(coord), -1))
     return np.concatenate(parts, axis=1).astype(np.float32)
 
 

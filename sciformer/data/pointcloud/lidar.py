@@ -23,7 +23,9 @@ per crop in float64 (x, y by the crop's bbox centre, z by its lowest point) befo
 becoming float32, as LAS coordinates are large. Features: ``colour`` (RGB / 255 or
 / 65535 by bit depth), ``intensity`` (divided by ``intensity_scale``, or by each
 tile's 99th percentile, clipped to [0, 1]), ``height`` (z above the crop's lowest
-point), ``coord``; by default colour when every tile has RGB, plus intensity.
+point), ``coord``, ``geometric`` (34 eigenvalue and local-height features per point,
+computed once on the whole tile and cached beside it: :mod:`.geometric`); by default
+colour when every tile has RGB, plus intensity.
 Validation and test items cover whole tiles (every point, or grid-sampled with the
 inverse kept), split into compact parts of at most ``eval_max_points`` points; test
 metrics at export are per original point.
@@ -59,6 +61,8 @@ from sciformer.data.pointcloud.export import (
     asprs_codes_from_table,
     write_point_predictions,
 )
+from sciformer.data.pointcloud.geometric import VERSION as GEOMETRIC_VERSION
+from sciformer.data.pointcloud.geometric import channels, geometric_features, geometric_state
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
 from sciformer.data.pointcloud.point_scenes import check_classes
 from sciformer.data.pointcloud.predict_file import (
@@ -91,7 +95,7 @@ DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_scale", "scale": [0.95, 1.05]},
     {"name": "random_jitter", "sigma": 0.02, "clip": 0.1},
 ]
-_FEATURES = ["coord", "colour", "intensity", "height"]
+_FEATURES = ["coord", "colour", "intensity", "height", "geometric"]
 
 
 class LasTilesConfig(BaseModel):
@@ -157,6 +161,8 @@ def tile_sample(arrays: dict[str, np.ndarray], table: np.ndarray, intensity_scal
         sample["intensity"] = np.clip(pick(arrays["intensity"]) / intensity_scale, 0.0, 1.0).astype(np.float32)  # (n,)
     if "colour" in arrays:
         sample["colour"] = pick(arrays["colour"]).astype(np.float32)  # (n, 3)
+    if "geometric" in arrays:
+        sample["geometric"] = pick(arrays["geometric"]).astype(np.float32)  # (n, 34)
     return sample
 
 
@@ -164,8 +170,10 @@ def tile_sample(arrays: dict[str, np.ndarray], table: np.ndarray, intensity_scal
 class LasTiles(SceneSource):
     """Tiles decoded once into the cache; loads map codes, normalise colour and intensity."""
 
-    def __init__(self, paths: list[Path], table: np.ndarray, intensity_scale: float | None, cache_dir: Path) -> None:
+    def __init__(self, paths: list[Path], table: np.ndarray, intensity_scale: float | None, cache_dir: Path,
+                 geometric: bool = False) -> None:
         self.paths = paths
+        self.geometric = geometric
         self.table = table
         self.intensity_scale = intensity_scale
         self.cache_dir = cache_dir
@@ -198,7 +206,19 @@ class LasTiles(SceneSource):
             save_arrays_atomic(folder, arrays, meta)
         if index not in self._p99:
             self._p99[index] = float(json.loads((folder / "meta.json").read_text())["intensity_p99"])
-        return load_arrays(folder, ["coord", "code", "intensity", "colour"])
+        arrays = load_arrays(folder, ["coord", "code", "intensity", "colour"])
+        if self.geometric:
+            arrays["geometric"] = self._geometric(index, arrays["coord"])
+        return arrays
+
+    def _geometric(self, index: int, coord: np.ndarray) -> np.ndarray:
+        """The tile's geometric features (n, 34), computed once into the cache."""
+        state = geometric_state()
+        folder = self.cache_dir / cache_key("las-geometric", self._keys[index], state)
+        if not (folder / "meta.json").is_file():
+            save_arrays_atomic(folder, {"geometric": geometric_features(np.asarray(coord))},
+                               {"file": str(self.paths[index]), **state})
+        return load_arrays(folder, ["geometric"])["geometric"]
 
     def sample(self, index: int, arrays: dict[str, np.ndarray], rows: np.ndarray | None = None) -> Sample:
         """A sample of ``rows`` (all when None): coord float64, label, intensity, colour."""
@@ -246,6 +266,19 @@ class LasCropDataset(SceneCrops):
         return self.shift(sample)  # float64 recentring; float32 at feature assembly
 
 
+def file_geometric(coord: np.ndarray, recorded: dict[str, Any]) -> np.ndarray:
+    """Geometric features (n, 34) of a file's finite points as a checkpoint recorded them (0 elsewhere)."""
+    if recorded.get("version") != GEOMETRIC_VERSION:
+        raise DataError(f"checkpoint: geometric features of version {recorded.get('version')}, this sciformer computes "
+                        f"version {GEOMETRIC_VERSION}; retrain, or predict with the sciformer that trained it")
+    coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
+    finite = np.isfinite(coord).all(axis=1)  # (n,)
+    out = np.zeros((len(coord), channels(recorded["scales"])), dtype=np.float32)  # (n, F)
+    if finite.any():
+        out[finite] = geometric_features(coord[finite], recorded["scales"], recorded["cell"])
+    return out
+
+
 def predict_las_file(
     cfg: LasTilesConfig,
     state: dict[str, Any],
@@ -277,6 +310,8 @@ def predict_las_file(
             arrays[key] = data[key]
     if "label" in data:  # ASPRS classification of a LAS tile: the truth to compare with
         arrays["code"] = data["label"]
+    if "geometric" in features:
+        arrays["geometric"] = file_geometric(data["coord"], state_value(state, "geometric", "las_tiles"))
     finite = arrays.get("intensity", np.ones(1))
     finite = finite[np.isfinite(finite)] if np.isfinite(finite).any() else np.ones(1)
     scale = state.get("intensity_scale") or max(float(np.percentile(finite, 99)), 1.0)
@@ -320,7 +355,7 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
                                "drop 'colour' from data.features or use tiles with RGB")
     table = code_table(cfg.classes, cfg.unmapped)
     cache_dir = ctx.cache_dir / "las_tiles"
-    tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir) for s in paths}
+    tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir, "geometric" in features) for s in paths}
     splits, transforms = scene_datasets(
         cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: LasCropDataset(tiles["train"], cfg, features, tf, ctx.seed),
         tiles.__getitem__, features=features, part_z="min", seed=ctx.seed, cache_dir=cache_dir,
@@ -355,6 +390,8 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
         "crop_size": cfg.crop_size,
         "eval_max_points": cfg.eval_max_points,
     }
+    if "geometric" in features:
+        state["geometric"] = protocol["geometric"] = geometric_state()
     return SceneSegmentationTask(info, splits, protocol=protocol, state=state)
 
 

@@ -8,7 +8,9 @@ Sample (what a dataset item is)::
 
 ``feat`` is assembled after the transforms from the configured feature names
 (:data:`FEATURE_CHANNELS`: ``coord`` (3), ``colour`` (3, in [0, 1]), ``normal`` (3),
-``intensity`` (1), ``height`` (1, z above the sample's lowest point)). With no
+``intensity`` (1), ``height`` (1, z above the sample's lowest point), ``geometric``
+(34, per-point eigenvalue features of the whole tile,
+:mod:`sciformer.data.pointcloud.geometric`)). With no
 features ``c == 0`` and the model decides what to use (coordinates or ones).
 
 Packed batch (no padding; what :func:`collate_points` returns)::
@@ -27,11 +29,12 @@ import numpy as np
 import torch
 
 from sciformer.contracts import Batch
+from sciformer.data.pointcloud import geometric
 from sciformer.data.transforms import Sample
 from sciformer.errors import DataError
 from sciformer.utils.suggest import did_you_mean
 
-FEATURE_CHANNELS = {"coord": 3, "colour": 3, "normal": 3, "intensity": 1, "height": 1}
+FEATURE_CHANNELS = {"coord": 3, "colour": 3, "normal": 3, "intensity": 1, "height": 1, "geometric": geometric.channels()}
 _FEATURE_ALIASES = {"color": "colour", "rgb": "colour", "normals": "normal", "xyz": "coord"}
 
 

@@ -1,0 +1,110 @@
+"""Per-point geometric features of a whole point cloud (Weinmann et al. 2015; CANUPO).
+
+What LiDAR classifiers outside deep learning run on, and an input feature of the
+``las_tiles`` dataset (``data.features: [geometric, ...]``): for every point, the
+covariance eigenvalues :math:`\\lambda_1 \\ge \\lambda_2 \\ge \\lambda_3` of its ``k``
+nearest neighbours (itself included) at each of several scales give
+
+    linearity (l1 - l2) / l1, planarity (l2 - l3) / l1, scattering l3 / l1,
+    omnivariance cbrt(e1 e2 e3), anisotropy (l1 - l3) / l1, eigenentropy -sum e log e,
+    change of curvature l3 / (l1 + l2 + l3), log1p(l1 + l2 + l3), verticality 1 - |n_z|,
+    log1p(z range), log1p(z standard deviation)
+
+(``e = lambda / sum(lambda)``, ``n`` the eigenvector of the smallest eigenvalue), and one
+last channel: log1p of the height above the lowest point of the 3 x 3 block of
+``cell``-metre 2-D cells around the point. Metric quantities go through log1p so that
+every channel stays O(1) for a network whatever the terrain (a forest's splits do not
+change under a monotone map). Computed once per whole tile, before any crop or grid
+sampling, so a crop and a prediction on the user's file see the same values.
+``benchmarks/bench_point_baselines.py`` feeds the same features to a random forest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from sciformer.geometry import knn
+
+SCALES: tuple[int, ...] = (10, 25, 50)  # neighbours per scale
+CELL = 5.0  # metres: 2-D cells for the local ground minimum (3 x 3 cells around each point)
+EIGEN_NAMES = ("linearity", "planarity", "scattering", "omnivariance", "anisotropy", "eigenentropy",
+               "curvature_change", "log_sum", "verticality", "log_z_range", "log_z_std")
+VERSION = 1  # bump when the definition changes (cache keys and checkpoints carry it)
+
+
+def channels(scales: Sequence[int] = SCALES) -> int:
+    """Number of feature channels for ``scales``: 11 per scale plus the local height."""
+    return len(EIGEN_NAMES) * len(scales) + 1
+
+
+def eigen_features(neighbours: np.ndarray) -> np.ndarray:
+    """The 11 eigenvalue features of each neighbourhood.
+
+    Shapes: neighbours (n, k, 3) float64 -> (n, 11) float64.
+    """
+    k = neighbours.shape[1]
+    centred = neighbours - neighbours.mean(axis=1, keepdims=True)  # (n, k, 3)
+    cov = np.einsum("nki,nkj->nij", centred, centred) / k  # (n, 3, 3)
+    vals, vecs = np.linalg.eigh(cov)  # ascending (n, 3), (n, 3, 3)
+    vals = np.clip(vals, 1e-12, None)
+    l3, l2, l1 = vals[:, 0], vals[:, 1], vals[:, 2]
+    total = l1 + l2 + l3  # (n,)
+    e = vals / total[:, None]  # (n, 3)
+    normal_z = np.abs(vecs[:, 2, 0])  # z of the smallest eigenvector (n,)
+    z = neighbours[..., 2]  # (n, k)
+    return np.stack([
+        (l1 - l2) / l1, (l2 - l3) / l1, l3 / l1,
+        np.cbrt(e.prod(axis=1)), (l1 - l3) / l1,
+        -(e * np.log(e)).sum(axis=1), l3 / total, np.log1p(total),
+        1.0 - normal_z, np.log1p(z.max(axis=1) - z.min(axis=1)), np.log1p(z.std(axis=1)),
+    ], axis=1)
+
+
+def height_above_local_min(coord: np.ndarray, cell: float = CELL) -> np.ndarray:
+    """z minus the lowest z within the 3 x 3 block of ``cell``-metre cells around each point.
+
+    Shapes: coord (n, 3) -> (n,), >= 0.
+    """
+    ij = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell).astype(np.int64)  # (n, 2)
+    shape = tuple(ij.max(axis=0) + 3)
+    grid = np.full(shape, np.inf)
+    np.minimum.at(grid, (ij[:, 0] + 1, ij[:, 1] + 1), coord[:, 2])  # padded by one cell each side
+    block = grid.copy()
+    for di in (-1, 0, 1):
+        for dj in (-1, 0, 1):
+            block = np.minimum(block, np.roll(np.roll(grid, di, axis=0), dj, axis=1))
+    return coord[:, 2] - block[ij[:, 0] + 1, ij[:, 1] + 1]
+
+
+def geometric_features(coord: np.ndarray, scales: Sequence[int] = SCALES, cell: float = CELL,
+                       chunk: int = 131072) -> np.ndarray:
+    """Every geometric feature of one whole cloud (see the module docstring).
+
+    Neighbours come from one kNN search at the largest scale (:func:`sciformer.geometry.knn`,
+    rows sorted by distance); each smaller scale takes its first ``k`` columns. Scales
+    above the cloud's size use every point. Queries run in chunks of ``chunk`` points.
+
+    Shapes: coord (n, 3) float64 (finite) -> (n, channels(scales)) float32.
+    """
+    coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
+    n = len(coord)
+    local = coord - coord.min(axis=0)  # (n, 3) small numbers for the search
+    support = torch.from_numpy(local)
+    k_max = min(max(scales), n)
+    out = np.empty((n, channels(scales)), dtype=np.float32)  # (n, F)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        index = knn(support[start:stop], support, k_max).index.numpy()  # (m, k_max)
+        neighbours = local[index]  # (m, k_max, 3)
+        parts = [eigen_features(neighbours[:, : min(k, n)]) for k in scales]  # each (m, 11)
+        out[start:stop, :-1] = np.concatenate(parts, axis=1)
+    out[:, -1] = np.log1p(np.maximum(height_above_local_min(coord, cell), 0.0))
+    return out
+
+
+def geometric_state(scales: Sequence[int] = SCALES, cell: float = CELL) -> dict[str, object]:
+    """What a checkpoint records so that prediction computes the same features."""
+    return {"version": VERSION, "scales": [int(k) for k in scales], "cell": float(cell)}
