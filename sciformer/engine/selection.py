@@ -1,0 +1,54 @@
+"""Which validation makes ``best.pt``: the monitored metric, a tie broken by the validation loss.
+
+On a small or easy validation split the metric saturates (OA reaches 100 % early and
+stays there), so "the first epoch that got there" would choose the checkpoint. Here an
+equal metric (exact equality: OA, AA, kappa and mIoU are ratios of counts, so equal
+confusion counts give equal values) wins when its validation loss is lower than that of
+the current ``best.pt``. A tie-broken improvement is an improvement like any other: it
+replaces ``best.pt`` and resets ``train.early_stop_patience``.
+
+The best record, stored in every checkpoint, is ``{"metric", "value", "epoch", "loss"}``;
+checkpoints written before ``loss`` was recorded take it from their history row of the
+best epoch (none there: ties keep the earlier checkpoint, as they did before).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def new_best(metric: str) -> dict[str, Any]:
+    """The best record of a run that has not validated yet."""
+    return {"metric": metric, "value": None, "epoch": -1, "loss": None}
+
+
+def _finite(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def improves(best: dict[str, Any], value: float, loss: float | None) -> bool:
+    """Whether a validation scoring ``value`` (of ``best['metric']``) with mean ``loss`` replaces best.pt."""
+    if not math.isfinite(value):
+        return False
+    top = best.get("value")
+    if top is None:
+        return True
+    if best["metric"] == "loss":
+        return value < top
+    if value != top:
+        return value > top
+    old, new = _finite(best.get("loss")), _finite(loss)
+    return old is not None and new is not None and new < old
+
+
+def restore_best(best: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """A checkpoint's best record with its validation loss (from the best epoch's history row when absent)."""
+    out = dict(best)
+    loss = _finite(out.get("loss"))
+    if loss is None:
+        row = next((r for r in history if r.get("epoch") == out.get("epoch")), None)
+        loss = _finite(row.get("val_loss")) if row is not None else None
+    out["loss"] = loss
+    return out

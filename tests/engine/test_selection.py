@@ -1,0 +1,101 @@
+"""best.pt when validation saturates: an equal monitored metric goes to the lower validation loss.
+
+The training runs are real (the toy task); only the validation results are scripted, so
+each test states which epoch must become best.pt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sciformer.cli import main
+from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
+from sciformer.engine.metrics import ConfusionMatrix
+from sciformer.engine.selection import improves, restore_best
+from sciformer.engine.trainer import Trainer
+
+GOOD = 1.0
+
+
+def _scores(wrong: int):
+    """Scores of 30 validation samples of 3 classes with ``wrong`` of them misclassified."""
+    target = torch.arange(3).repeat(10)  # (30,)
+    pred = target.clone()
+    pred[:wrong] = (pred[:wrong] + 1) % 3
+    cm = ConfusionMatrix(3)
+    cm.update(pred, target)
+    return cm.compute()
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch):
+    """Replace validation with a script: {epoch: (misclassified, loss)}."""
+    script: dict[int, tuple[int, float]] = {}
+
+    def fake(self: Trainer, split: str):
+        wrong, loss = script[self.epoch]
+        return _scores(wrong), loss
+
+    monkeypatch.setattr(Trainer, "_evaluate", fake)
+    return script
+
+
+def _best(run: Path) -> dict:
+    return load_checkpoint(run / "checkpoints" / "best.pt")["best"]
+
+
+def test_improves_rule() -> None:
+    best = {"metric": "oa", "value": 1.0, "epoch": 2, "loss": 0.5}
+    assert improves(best, 1.0, 0.4) and not improves(best, 1.0, 0.5) and not improves(best, 1.0, 0.6)
+    assert not improves(best, 0.99, 0.01) and improves({**best, "value": 0.9}, 0.95, 9.0)
+    assert not improves({**best, "loss": None}, 1.0, 0.1)  # a best without a loss keeps ties, as before
+    assert not improves(best, float("nan"), 0.1)
+    assert improves({"metric": "loss", "value": 0.5, "epoch": 1, "loss": 0.5}, 0.4, 0.4)
+    assert restore_best({"metric": "oa", "value": 1.0, "epoch": 2}, [{"epoch": 1, "val_loss": 0.7}, {"epoch": 2, "val_loss": 0.3}])["loss"] == 0.3
+    assert restore_best({"metric": "oa", "value": 1.0, "epoch": 2}, [])["loss"] is None
+
+
+def test_saturated_metric_picks_the_lower_loss(toy_config: Path, tmp_path: Path, scripted: dict) -> None:
+    scripted.update({1: (3, 0.9), 2: (0, 0.5), 3: (0, 0.3), 4: (0, 0.4), 5: (1, 0.1)})
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=5"]) == 0
+    assert _best(run) == {"metric": "oa", "value": GOOD, "epoch": 3, "loss": 0.3}
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == 3  # the file is epoch 3's model
+    assert json.loads((run / "metrics.json").read_text())["best_epoch"] == 3
+
+
+def test_higher_loss_on_a_tie_keeps_the_earlier_checkpoint(toy_config: Path, tmp_path: Path, scripted: dict) -> None:
+    scripted.update({1: (0, 0.2), 2: (0, 0.3), 3: (0, 0.2)})  # an equal loss is no improvement either
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 0
+    assert _best(run)["epoch"] == 1
+
+
+def test_a_tie_broken_improvement_resets_early_stop_patience(toy_config: Path, tmp_path: Path, scripted: dict) -> None:
+    # without the reset, patience 2 would stop after epoch 4 (two validations after epoch 2)
+    scripted.update({1: (3, 0.9), 2: (0, 0.5), 3: (0, 0.4), 4: (0, 0.45), 5: (0, 0.45), 6: (0, 0.1)})
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=6", "train.early_stop_patience=2"]) == 0
+    assert len((run / "metrics.csv").read_text().splitlines()) == 1 + 5
+    assert _best(run)["epoch"] == 3
+
+
+@pytest.mark.parametrize("stored", ["loss", "history only", "nothing"])
+def test_resume_keeps_the_best_value_and_loss(stored: str, toy_config: Path, tmp_path: Path, scripted: dict) -> None:
+    scripted.update({1: (3, 0.9), 2: (0, 0.5), 3: (0, 0.3), 4: (0, 0.4), 5: (0, 0.2)})
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 0  # 3 epochs: best is epoch 3, loss 0.3
+    last = run / "checkpoints" / "last.pt"
+    state = load_checkpoint(last)
+    if stored != "loss":  # a checkpoint written before the best record held its loss
+        del state["best"]["loss"]
+        if stored == "nothing":
+            state["history"] = [{k: v for k, v in row.items() if k != "val_loss"} for row in state["history"]]
+        save_checkpoint(last, {k: v for k, v in state.items() if k not in ("format", "version")})
+    assert main(["train", "--resume", str(run), "train.epochs=5"]) == 0
+    # epoch 4 ties with a higher loss (kept); epoch 5 ties with a lower loss (replaces), unless no loss is known
+    assert _best(run)["epoch"] == (3 if stored == "nothing" else 5)
