@@ -259,20 +259,24 @@ def train(
     seed: int | None = None,
     resume: PathLike | None = None,
     base_dir: PathLike | None = None,
+    init_from: PathLike | None = None,
 ) -> TrainResult:
     """Train an experiment exactly as ``sciformer train`` does; returns the run folder and its metrics.
 
     ``config``: a YAML path or a dict of sections (relative paths in a dict resolve
     against ``base_dir``, default the working folder). ``overrides``: ``["train.epochs=5"]``
     or ``{"train.epochs": 5}``. ``output_dir``: the run folder (default
-    ``runs/<name>-<time>``). ``resume``: continue a stopped run instead.
+    ``runs/<name>-<time>``). ``resume``: continue a stopped run instead. ``init_from``: a
+    checkpoint or run folder whose weights matching by name and shape start the new run
+    (fine-tuning, as ``--init-from``); the others, e.g. a head for another class count,
+    keep their fresh initialisation.
     """
     from sciformer.engine.launch import prepare_training, run_training
     from sciformer.engine.reporting import read_metrics_csv
 
     source = dict(config) if isinstance(config, Mapping) else config
     exp, run_dir, state = prepare_training(source, _override_list(overrides), output_dir=output_dir, resume=resume,
-                                           seed=seed, base_dir=base_dir)
+                                           seed=seed, base_dir=base_dir, init_from=init_from)
     result = run_training(exp, run_dir, state)
     csv_path = Path(result.run_dir) / "metrics.csv"
     history = read_metrics_csv(csv_path) if csv_path.is_file() else []

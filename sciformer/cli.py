@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", "-c", type=Path, help="experiment YAML")
     train.add_argument("--output-dir", "-o", type=Path, help="run folder (exactly this folder; default runs/<name>-<time>)")
     train.add_argument("--resume", type=Path, metavar="RUN_OR_CKPT", help="continue a stopped run (its folder or a checkpoint)")
+    train.add_argument("--init-from", type=Path, metavar="RUN_OR_CKPT",
+                       help="fine-tune: start a new run from the weights of a checkpoint (a run folder: its best.pt) that match by name and shape")
     train.add_argument("--seed", type=int, help="shortcut for train.seed=N")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     _add_overrides(train)
@@ -92,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     terminate_as_interrupt()  # SIGTERM before the first step or after the last: one line, exit 130
     exp, run_dir, state = prepare_training(args.config, args.overrides, output_dir=args.output_dir,
-                                           resume=args.resume, seed=args.seed)
+                                           resume=args.resume, seed=args.seed, init_from=args.init_from)
     if args.print_config:
         print(exp.to_yaml(), end="")
         return 0
@@ -114,14 +116,14 @@ def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine.checkpoint import checkpoint_file
     from sciformer.engine.inference import check_split_not_empty, load_for_inference, predictor_state
     from sciformer.engine.trainer import evaluate_and_export
+    from sciformer.engine.weights import check_data_fits
 
     exp, state, model, device = load_for_inference(args.checkpoint, overrides)
     task = builders.build_task(exp)
     check_split_not_empty(task, exp.cfg.evaluation.split)
     task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=args.allow_band_mismatch)
-    if task.info.num_classes != int(state["data_info"]["num_classes"]):
-        raise SciformerError(f"data has {task.info.num_classes} classes but checkpoint '{args.checkpoint}' was trained on {state['data_info']['num_classes']}")
     ckpt_file = checkpoint_file(args.checkpoint, in_run="best.pt")
+    check_data_fits(state, exp, task.info, ckpt_file)  # classes, and input channels where the model is sized by them
     out_dir = args.output_dir or ckpt_file.resolve().parent.parent / "evaluation"
     evaluate_and_export(exp, task, model, device, out_dir, extra={"checkpoint": str(ckpt_file), "checkpoint_epoch": state.get("epoch")})
     print(f"wrote {out_dir / 'metrics.json'}")

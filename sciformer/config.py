@@ -111,8 +111,14 @@ class TrainConfig(Section):
         "(one thread trained every model measured 1.24-3x faster per step than two there; "
         "benchmarks/bench_cpu_threads.py), torch's default on more cores (not measured)"))
     val_every: int = Field(1, ge=1, le=MAX_EPOCHS)
-    monitor: str = "oa"  # validation metric that chooses best.pt (loss is minimised)
-    early_stop_patience: int | None = Field(None, ge=1, le=MAX_EPOCHS)  # validations without improvement
+    # validation metric that chooses best.pt (loss is minimised). A tie (exact equality: the metrics
+    # are ratios of counts, so a saturated validation split repeats them) goes to the lower
+    # validation loss; such a tie-broken improvement replaces best.pt and resets early_stop_patience.
+    monitor: str = "oa"
+    early_stop_patience: int | None = Field(None, ge=1, le=MAX_EPOCHS)  # validations without a new best.pt
+    init_from: str | None = Field(None, max_length=4096, description=(  # set by `sciformer train --init-from`
+        "checkpoint (or run folder: its best.pt) whose tensors matching by name and shape start the run; "
+        "relative to the config's folder; not optimizer/schedule/epoch (that is --resume)"))
     max_steps_per_epoch: int | None = Field(None, ge=1, le=MAX_STEPS)
     checkpoint_every_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     progress: Literal["auto", "always", "never"] = "auto"

@@ -8,7 +8,8 @@ A checkpoint is a dict of plain data and tensors::
      "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,
      "epoch": int (completed epochs), "step_in_epoch": int, "global_step": int,
      "partial": [loss sum, count] of the epoch in progress, "history": [per-epoch rows],
-     "best": {"metric": str, "value": float, "epoch": int}}
+     "best": {"metric": str, "value": float, "epoch": int, "loss": float (validation loss; the tie-break)},
+     "init_from": what ``train.init_from`` loaded (checkpoint, sha256, tensors) or None}
 
 No generator state is stored: every random number of a step is decided by the seed, the
 epoch, the step and the sample (:mod:`sciformer.engine.noise`).

@@ -15,9 +15,10 @@ from sciformer import config
 from sciformer.config import Experiment
 from sciformer.contracts import PredictFn
 from sciformer.engine import builders
-from sciformer.engine.checkpoint import load_checkpoint
+from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
 from sciformer.engine.loops import autocast, to_device
 from sciformer.engine.runtime import apply_threads, pick_device
+from sciformer.engine.weights import load_strict, model_family
 from sciformer.errors import CheckpointError, SciformerError
 
 RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
@@ -27,6 +28,11 @@ def checkpoint_experiment(state: dict[str, Any], ckpt_path: Path, overrides: lis
     """The experiment stored in a checkpoint, validated; errors name the checkpoint."""
     if not isinstance(state.get("config_dir"), str):
         raise CheckpointError(f"checkpoint '{ckpt_path}' lacks 'config_dir' (the folder its config paths are relative to)")
+    stored = ((state.get("config") or {}).get("model") or {}).get("name")
+    asked = next((o.split("=", 1)[1].strip().strip("'\"") for o in reversed(overrides) if o.split("=", 1)[0].strip() == "model.name"), stored)
+    if asked != stored:  # before its parameters are judged against the other model's keys
+        hint = f" (to start a '{asked}' run from the weights they share, train with --init-from)" if model_family(str(stored)) == model_family(asked) else ""
+        raise CheckpointError(f"checkpoint '{ckpt_path}' holds model '{stored}', model.name={asked} asks for another model{hint}")
     return config.from_dict(state["config"], Path(state["config_dir"]), overrides, source=f"checkpoint '{ckpt_path}' config")
 
 
@@ -63,13 +69,7 @@ def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str |
         raise CheckpointError(f"checkpoint '{ckpt_path}': data_info is incomplete or malformed ({type(exc).__name__}: {exc}); "
                               "expected num_classes, class_names and in_channels") from None
     model = builders.build_model(exp, info)
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
-        detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
-        detail = detail if len(detail) <= 240 else detail[:237] + "..."
-        raise CheckpointError(f"checkpoint '{ckpt_path}' does not match model '{exp.cfg.model.name}': {detail}") from None
+    load_strict(model, state, checkpoint_file(ckpt_path, "best.pt"), exp.to_dict(), state["data_info"])  # one line naming what differs
     return exp, state, model.to(device).eval(), device
 
 

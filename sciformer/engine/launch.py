@@ -7,6 +7,7 @@ written beside its metrics and the report images (curves, confusion matrix) afte
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -31,20 +32,28 @@ def prepare_training(
     resume: str | Path | None = None,
     seed: int | None = None,
     base_dir: str | Path | None = None,
+    init_from: str | Path | None = None,
 ) -> tuple[Experiment, Path, dict[str, Any] | None]:
     """The validated experiment, its run folder and the resumed checkpoint state (None for a new run).
 
     ``config_source``: a YAML path, or a dict of sections (paths in it relative to
     ``base_dir``, default the working folder). ``resume``: a run folder or checkpoint.
+    ``init_from``: a checkpoint or run folder (its best.pt) whose matching weights start
+    the new run; stored as ``train.init_from`` (an absolute path) in the run's config.
     """
-    from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
     from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
     from sciformer.engine.runfolder import RunFolderError, check_resume_config
+    from sciformer.engine.weights import resolve_init_from
 
     overrides = [str(o) for o in overrides]
     if seed is not None:
         overrides.append(f"train.seed={seed}")
     out = Path(output_dir) if output_dir is not None else None
+    if init_from is not None:
+        if resume is not None:
+            raise ConfigError("--init-from starts a new run from a checkpoint's weights, --resume continues a run; use one of them")
+        overrides.append(f"train.init_from={json.dumps(str(checkpoint_file(Path(init_from).expanduser(), 'best.pt').resolve()))}")
     if resume is not None:
         resume = Path(resume)
         state = load_checkpoint(resume)
@@ -54,11 +63,15 @@ def prepare_training(
             raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
         exp = checkpoint_experiment(state, ckpt_path, overrides)
         check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
+        stored_init = ((state["config"].get("train") or {}).get("init_from"))
+        if exp.cfg.train.init_from != stored_init:
+            raise ConfigError(f"--resume cannot change train.init_from (checkpoint '{ckpt_path}' has {stored_init!r}); the weights come from the run")
         run_dir = ckpt_path.resolve().parent.parent
         if out is not None and out.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {out} differs from the resumed run folder {run_dir}; drop --output-dir")
         if config_source is not None:
-            print(f"note: --resume takes the config stored in the run; {config_source} is not read", file=sys.stderr)
+            print(f"note: --resume takes the config stored in the run; {config_source} is not read "
+                  "(to fine-tune its weights on another experiment, use --init-from)", file=sys.stderr)
         return exp, run_dir, state
     if config_source is None:
         raise ConfigError("train needs --config PATH (or --resume RUN)")
@@ -67,6 +80,8 @@ def prepare_training(
         exp = config.from_dict(config_source, base, overrides, source="config dict")
     else:
         exp = config.load(config_source, overrides)
+    if exp.cfg.train.init_from is not None:  # a missing or foreign file fails here, before any data is read
+        load_checkpoint(checkpoint_file(resolve_init_from(exp.cfg.train.init_from, exp.base_dir), "best.pt"))
     run_dir = out if out is not None else default_run_dir(exp.cfg.name)
     if (run_dir / "checkpoints" / "last.pt").exists():
         raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")

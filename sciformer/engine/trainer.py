@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,7 +45,9 @@ from sciformer.engine.runtime import (
     pick_device,
     seed_everything,
 )
+from sciformer.engine.selection import improves, new_best, restore_best
 from sciformer.engine.signals import Interrupted, StopFlag
+from sciformer.engine.weights import context, init_from_checkpoint, load_strict, reason, resolve_init_from
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
@@ -109,6 +110,10 @@ class Trainer:
             self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
         check_split_not_empty(self.task, self.cfg.evaluation.split)  # likewise
         self.model = builders.build_model(exp, self.info).to(self.device)
+        self.init_from: dict[str, Any] | None = None  # what train.init_from loaded (fine-tuning), for env.json
+        if resume_state is None and t.init_from is not None:
+            line, self.init_from = init_from_checkpoint(self.model, resolve_init_from(t.init_from, exp.base_dir), exp.to_dict(), builders.data_info_to_dict(self.info))
+            self.log(line)
         self.noise = StepNoise(t.seed, self.dist.rank)
         install(self.model, self.noise)  # dropout masks follow the sample, not the process
         self.net: nn.Module = self.model  # what the training loop calls (DDP-wrapped when distributed)
@@ -127,7 +132,7 @@ class Trainer:
         self.has_val = len(self.task.dataset("val")) > 0
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.partial = (0.0, 0)  # loss sum and count of the epoch in progress
-        self.best = {"metric": t.monitor, "value": None, "epoch": -1}
+        self.best = new_best(t.monitor)
         self.history: list[dict[str, Any]] = []
         if resume_state is not None:
             self._restore(resume_state)
@@ -149,6 +154,7 @@ class Trainer:
             "partial": list(partial),
             "best": dict(self.best),
             "history": list(self.history),
+            "init_from": self.init_from,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -157,11 +163,12 @@ class Trainer:
         pos = check_resume_state(state, where)
         saved = builders.data_info_to_dict(self.info)
         if any(state["data_info"].get(k) != saved[k] for k in ("num_classes", "in_channels")):
-            raise CheckpointError(f"checkpoint '{where}': data_info does not match the data ({state['data_info'].get('num_classes')!r} classes, "
-                                  f"{state['data_info'].get('in_channels')!r} channels; the data has {saved['num_classes']} and {saved['in_channels']})")
+            raise CheckpointError(f"checkpoint '{where}': the run's data changed since it was written: {reason(context(state, self.exp.to_dict(), saved))[0]}; "
+                                  f"continue only on its data, or train a new run with --init-from {where} to fine-tune")
         if pos["step_in_epoch"] > self.steps_per_epoch or pos["epoch"] > self.cfg.train.epochs + 10**6:
             raise CheckpointError(f"checkpoint '{where}': step_in_epoch {pos['step_in_epoch']} is beyond the {self.steps_per_epoch} steps of an epoch")
-        for name, target in (("model", self.model), ("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+        load_strict(self.model, state, where, self.exp.to_dict(), saved)
+        for name, target in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
             try:
                 target.load_state_dict(state[name])
             except Exception as exc:  # noqa: BLE001 - a state of another model/optimizer, or tampered
@@ -173,8 +180,9 @@ class Trainer:
         self.epoch, self.step_in_epoch, self.global_step = pos["epoch"], pos["step_in_epoch"], pos["global_step"]
         # the stored partial loss is global: rank 0 carries it, the others start from zero
         self.partial = pos["partial"] if self.dist.is_main else (0.0, 0)
-        self.best = dict(state["best"])
         self.history = [dict(row) for row in state.get("history", [])]
+        self.best = restore_best(state["best"], self.history)
+        self.init_from = state.get("init_from")
 
     def _save(self, name: str, partial: tuple[float, int] = (0.0, 0)) -> None:
         """Write a checkpoint (rank 0); ``partial`` is the global loss sum/count of the epoch in progress."""
@@ -218,18 +226,11 @@ class Trainer:
         env = environment(self.device, self.cfg.train.seed)
         env["world_size"] = self.dist.world_size
         env["resumed_from_epoch"] = self.epoch if self.resume_state is not None else None
+        env["init_from"] = self.init_from
         atomic_write_text(self.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
         self.task.save_artifacts(self.run_dir)
 
     # ------------------------------------------------------------------ loop
-    def _improved(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        best = self.best["value"]
-        if best is None:
-            return True
-        return value < best if self.best["metric"] == "loss" else value > best
-
     def _epoch_batches(self) -> tuple[Iterator[dict[str, Any]], list[int]]:
         """This rank's batches of the epoch from ``step_in_epoch`` on, and the global batch sizes."""
         t = self.cfg.train
@@ -272,8 +273,8 @@ class Trainer:
                     scores, val_loss = self._evaluate("val")
                     row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in scores.summary().items()})
                     value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
-                    if self._improved(value):
-                        self.best.update(value=float(value), epoch=self.epoch)
+                    if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss
+                        self.best.update(value=float(value), epoch=self.epoch, loss=float(val_loss))
                         self._save("best.pt")
                     elif t.early_stop_patience and (self.epoch - self.best["epoch"]) >= t.early_stop_patience * t.val_every:
                         stop_early = True
