@@ -11,8 +11,10 @@ nearest neighbours (itself included) at each of several scales give
     log1p(z range), log1p(z standard deviation)
 
 (``e = lambda / sum(lambda)``, ``n`` the eigenvector of the smallest eigenvalue), and one
-last channel: log1p of the height above the lowest point of the 3 x 3 block of
-``cell``-metre 2-D cells around the point. Metric quantities go through log1p so that
+last channels, one per cell size (5 m: the terrain nearby; 30 m: reaches the ground
+beside a large roof): the signed log1p of the height above the local ground (the lowest,
+over the 3 x 3 block of ``cell``-metre 2-D cells around the point, of each cell's 5 % z
+quantile). Metric quantities go through log1p so that
 every channel stays O(1) for a network whatever the terrain (a forest's splits do not
 change under a monotone map). Computed once per whole tile, before any crop or grid
 sampling, so a crop and a prediction on the user's file see the same values.
@@ -29,15 +31,16 @@ import torch
 from sciformer.geometry import knn
 
 SCALES: tuple[int, ...] = (10, 25, 50)  # neighbours per scale
-CELL = 5.0  # metres: 2-D cells for the local ground minimum (3 x 3 cells around each point)
+CELLS: tuple[float, ...] = (5.0, 30.0)  # metres: 2-D cells of the local ground (3 x 3 cells around each point)
+LOW_QUANTILE = 0.05  # a cell's ground: this quantile of its z (robust to a few low noise points)
 EIGEN_NAMES = ("linearity", "planarity", "scattering", "omnivariance", "anisotropy", "eigenentropy",
                "curvature_change", "log_sum", "verticality", "log_z_range", "log_z_std")
-VERSION = 1  # bump when the definition changes (cache keys and checkpoints carry it)
+VERSION = 2  # bump when the definition changes (cache keys and checkpoints carry it)
 
 
-def channels(scales: Sequence[int] = SCALES) -> int:
-    """Number of feature channels for ``scales``: 11 per scale plus the local height."""
-    return len(EIGEN_NAMES) * len(scales) + 1
+def channels(scales: Sequence[int] = SCALES, cells: Sequence[float] = CELLS) -> int:
+    """Number of feature channels: 11 per scale plus one local height per cell size."""
+    return len(EIGEN_NAMES) * len(scales) + len(cells)
 
 
 def eigen_features(neighbours: np.ndarray) -> np.ndarray:
@@ -63,15 +66,23 @@ def eigen_features(neighbours: np.ndarray) -> np.ndarray:
     ], axis=1)
 
 
-def height_above_local_min(coord: np.ndarray, cell: float = CELL) -> np.ndarray:
-    """z minus the lowest z within the 3 x 3 block of ``cell``-metre cells around each point.
+def height_above_local_min(coord: np.ndarray, cell: float = CELLS[0], quantile: float = LOW_QUANTILE) -> np.ndarray:
+    """z minus the local ground: the lowest, over the 3 x 3 block of ``cell``-metre cells
+    around each point, of each cell's low z (its ``quantile``: the point of rank
+    ``floor(quantile * (count - 1))`` in z order, so that a few low noise points in a
+    cell do not lower the ground of every point around them; the minimum below 1 / quantile
+    points). Negative for points below that ground.
 
-    Shapes: coord (n, 3) -> (n,), >= 0.
+    Shapes: coord (n, 3) -> (n,).
     """
     ij = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell).astype(np.int64)  # (n, 2)
     shape = tuple(ij.max(axis=0) + 3)
+    flat = (ij[:, 0] + 1) * shape[1] + (ij[:, 1] + 1)  # (n,) cell id, padded by one cell each side
+    order = np.lexsort((coord[:, 2], flat))  # by cell, then z
+    cells, first, count = np.unique(flat[order], return_index=True, return_counts=True)
+    low = coord[order[first + np.floor(quantile * (count - 1)).astype(np.int64)], 2]  # (cells,)
     grid = np.full(shape, np.inf)
-    np.minimum.at(grid, (ij[:, 0] + 1, ij[:, 1] + 1), coord[:, 2])  # padded by one cell each side
+    grid.flat[cells] = low
     block = grid.copy()
     for di in (-1, 0, 1):
         for dj in (-1, 0, 1):
@@ -79,7 +90,7 @@ def height_above_local_min(coord: np.ndarray, cell: float = CELL) -> np.ndarray:
     return coord[:, 2] - block[ij[:, 0] + 1, ij[:, 1] + 1]
 
 
-def geometric_features(coord: np.ndarray, scales: Sequence[int] = SCALES, cell: float = CELL,
+def geometric_features(coord: np.ndarray, scales: Sequence[int] = SCALES, cells: Sequence[float] = CELLS,
                        chunk: int = 131072) -> np.ndarray:
     """Every geometric feature of one whole cloud (see the module docstring).
 
@@ -87,24 +98,27 @@ def geometric_features(coord: np.ndarray, scales: Sequence[int] = SCALES, cell: 
     rows sorted by distance); each smaller scale takes its first ``k`` columns. Scales
     above the cloud's size use every point. Queries run in chunks of ``chunk`` points.
 
-    Shapes: coord (n, 3) float64 (finite) -> (n, channels(scales)) float32.
+    Shapes: coord (n, 3) float64 (finite) -> (n, channels(scales, cells)) float32.
     """
     coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
     n = len(coord)
     local = coord - coord.min(axis=0)  # (n, 3) small numbers for the search
     support = torch.from_numpy(local)
     k_max = min(max(scales), n)
-    out = np.empty((n, channels(scales)), dtype=np.float32)  # (n, F)
+    out = np.empty((n, channels(scales, cells)), dtype=np.float32)  # (n, F)
+    eigen = len(EIGEN_NAMES) * len(scales)
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         index = knn(support[start:stop], support, k_max).index.numpy()  # (m, k_max)
         neighbours = local[index]  # (m, k_max, 3)
         parts = [eigen_features(neighbours[:, : min(k, n)]) for k in scales]  # each (m, 11)
-        out[start:stop, :-1] = np.concatenate(parts, axis=1)
-    out[:, -1] = np.log1p(np.maximum(height_above_local_min(coord, cell), 0.0))
+        out[start:stop, :eigen] = np.concatenate(parts, axis=1)
+    for c, cell in enumerate(cells):
+        height = height_above_local_min(coord, cell)  # (n,)
+        out[:, eigen + c] = np.sign(height) * np.log1p(np.abs(height))
     return out
 
 
-def geometric_state(scales: Sequence[int] = SCALES, cell: float = CELL) -> dict[str, object]:
+def geometric_state(scales: Sequence[int] = SCALES, cells: Sequence[float] = CELLS) -> dict[str, object]:
     """What a checkpoint records so that prediction computes the same features."""
-    return {"version": VERSION, "scales": [int(k) for k in scales], "cell": float(cell)}
+    return {"version": VERSION, "scales": [int(k) for k in scales], "cells": [float(c) for c in cells]}

@@ -23,7 +23,7 @@ per crop in float64 (x, y by the crop's bbox centre, z by its lowest point) befo
 becoming float32, as LAS coordinates are large. Features: ``colour`` (RGB / 255 or
 / 65535 by bit depth), ``intensity`` (divided by ``intensity_scale``, or by each
 tile's 99th percentile, clipped to [0, 1]), ``height`` (z above the crop's lowest
-point), ``coord``, ``geometric`` (34 eigenvalue and local-height features per point,
+point), ``coord``, ``geometric`` (35 eigenvalue and local-height features per point,
 computed once on the whole tile and cached beside it: :mod:`.geometric`); by default
 colour when every tile has RGB, plus intensity.
 Validation and test items cover whole tiles (every point, or grid-sampled with the
@@ -162,7 +162,7 @@ def tile_sample(arrays: dict[str, np.ndarray], table: np.ndarray, intensity_scal
     if "colour" in arrays:
         sample["colour"] = pick(arrays["colour"]).astype(np.float32)  # (n, 3)
     if "geometric" in arrays:
-        sample["geometric"] = pick(arrays["geometric"]).astype(np.float32)  # (n, 34)
+        sample["geometric"] = pick(arrays["geometric"]).astype(np.float32)  # (n, 35)
     return sample
 
 
@@ -212,7 +212,7 @@ class LasTiles(SceneSource):
         return arrays
 
     def _geometric(self, index: int, coord: np.ndarray) -> np.ndarray:
-        """The tile's geometric features (n, 34), computed once into the cache."""
+        """The tile's geometric features (n, 35), computed once into the cache."""
         state = geometric_state()
         folder = self.cache_dir / cache_key("las-geometric", self._keys[index], state)
         if not (folder / "meta.json").is_file():
@@ -267,15 +267,15 @@ class LasCropDataset(SceneCrops):
 
 
 def file_geometric(coord: np.ndarray, recorded: dict[str, Any]) -> np.ndarray:
-    """Geometric features (n, 34) of a file's finite points as a checkpoint recorded them (0 elsewhere)."""
+    """Geometric features (n, 35) of a file's finite points as a checkpoint recorded them (0 elsewhere)."""
     if recorded.get("version") != GEOMETRIC_VERSION:
         raise DataError(f"checkpoint: geometric features of version {recorded.get('version')}, this sciformer computes "
                         f"version {GEOMETRIC_VERSION}; retrain, or predict with the sciformer that trained it")
     coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
     finite = np.isfinite(coord).all(axis=1)  # (n,)
-    out = np.zeros((len(coord), channels(recorded["scales"])), dtype=np.float32)  # (n, F)
+    out = np.zeros((len(coord), channels(recorded["scales"], recorded["cells"])), dtype=np.float32)  # (n, F)
     if finite.any():
-        out[finite] = geometric_features(coord[finite], recorded["scales"], recorded["cell"])
+        out[finite] = geometric_features(coord[finite], recorded["scales"], recorded["cells"])
     return out
 
 

@@ -9,7 +9,7 @@ Sample (what a dataset item is)::
 ``feat`` is assembled after the transforms from the configured feature names
 (:data:`FEATURE_CHANNELS`: ``coord`` (3), ``colour`` (3, in [0, 1]), ``normal`` (3),
 ``intensity`` (1), ``height`` (1, z above the sample's lowest point), ``geometric``
-(34, per-point eigenvalue features of the whole tile,
+(35, per-point eigenvalue and height features of the whole tile,
 :mod:`sciformer.data.pointcloud.geometric`)). With no
 features ``c == 0`` and the model decides what to use (coordinates or ones).
 

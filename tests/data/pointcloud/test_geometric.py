@@ -20,10 +20,10 @@ from sciformer.errors import DataError
 SPLITS = {"train_files": ["a.las"], "val_files": ["c.las"], "test_files": ["d.las"]}
 
 
-def oracle_row(coord: np.ndarray, i: int, scales: tuple[int, ...], cell: float) -> np.ndarray:
+def oracle_row(coord: np.ndarray, i: int, scales: tuple[int, ...], cells: tuple[float, ...]) -> np.ndarray:
     """Point ``i``'s features from first principles: its k nearest points by cKDTree, the
     biased covariance by np.cov, eigenvalues by eigvalsh, the normal from eigh of that
-    one matrix, the local minimum by brute force over every point of the 3 x 3 cells."""
+    one matrix, the local ground by sorting the z of every point of each of the 3 x 3 cells."""
     tree = cKDTree(coord)
     row = []
     for k in scales:
@@ -37,37 +37,46 @@ def oracle_row(coord: np.ndarray, i: int, scales: tuple[int, ...], cell: float) 
         row += [(l1 - l2) / l1, (l2 - l3) / l1, l3 / l1, (e[0] * e[1] * e[2]) ** (1 / 3), (l1 - l3) / l1,
                 -np.sum(e * np.log(e)), l3 / s, np.log(1 + s), 1 - abs(normal[2]),
                 np.log(1 + np.ptp(nb[:, 2])), np.log(1 + np.std(nb[:, 2]))]
-    cells = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell)  # (n, 2)
-    near = np.all(np.abs(cells - cells[i]) <= 1, axis=1)
-    row.append(np.log(1 + coord[i, 2] - coord[near, 2].min()))
+    for cell in cells:
+        ij = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell)  # (n, 2)
+        lows = []
+        for di in (-1, 0, 1):
+            for dj in (-1, 0, 1):
+                z = np.sort(coord[np.all(ij == ij[i] + [di, dj], axis=1), 2])
+                if len(z):
+                    lows.append(z[int(np.floor(0.05 * (len(z) - 1)))])
+        h = coord[i, 2] - min(lows)
+        row.append(np.sign(h) * np.log(1 + abs(h)))
     return np.array(row)
 
 
-def check_against_oracle(coord: np.ndarray, rows: np.ndarray, scales: tuple[int, ...] = (8, 20), cell: float = 2.0) -> None:
-    feats = geometric.geometric_features(coord, scales, cell, chunk=len(coord) // 3 + 1)
-    assert feats.shape == (len(coord), geometric.channels(scales)) == (len(coord), 11 * len(scales) + 1)
+def check_against_oracle(coord: np.ndarray, rows: np.ndarray, scales: tuple[int, ...] = (8, 20),
+                         cells: tuple[float, ...] = (2.0,)) -> None:
+    feats = geometric.geometric_features(coord, scales, cells, chunk=len(coord) // 3 + 1)
+    assert feats.shape == (len(coord), geometric.channels(scales, cells)) == (len(coord), 11 * len(scales) + len(cells))
     for i in rows:
-        np.testing.assert_allclose(feats[i], oracle_row(coord, i, scales, cell), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(feats[i], oracle_row(coord, i, scales, cells), rtol=1e-4, atol=1e-5)
 
 
 def test_matches_explicit_neighbourhoods_synthetic() -> None:
     rng = np.random.default_rng(0)
     coord = rng.uniform(0, 20, size=(600, 3)) * [1, 1, 0.3] + [600000.0, 5e6, 100.0]  # georeferenced
-    check_against_oracle(coord, rng.choice(600, 12, replace=False))
+    coord[:3, 2] -= 40.0  # low noise points: below the ground the 5 % quantile keeps
+    check_against_oracle(coord, np.r_[0, rng.choice(600, 12, replace=False)])
 
 
 def test_matches_explicit_neighbourhoods_real_tile(fakes) -> None:
     coord = read_point_file(fakes.real_path("lidar", "las_warsaw_small.las"))["coord"]
     rng = np.random.default_rng(1)
-    check_against_oracle(coord, rng.choice(len(coord), 10, replace=False), scales=(10, 25, 50), cell=5.0)
+    check_against_oracle(coord, rng.choice(len(coord), 10, replace=False), scales=(10, 25, 50), cells=(5.0, 30.0))
 
 
 def test_shapes_read_as_expected() -> None:
     rng = np.random.default_rng(2)
     line = np.c_[np.linspace(0, 50, 200), np.zeros(200), np.zeros(200)] + rng.normal(0, 1e-3, (200, 3))
     plane = np.c_[np.stack(np.meshgrid(np.arange(20.0), np.arange(20.0)), -1).reshape(-1, 2), np.zeros(400)]
-    f_line = geometric.geometric_features(line, (10,), 5.0)
-    f_plane = geometric.geometric_features(plane, (10,), 5.0)
+    f_line = geometric.geometric_features(line, (10,), (5.0,))
+    f_plane = geometric.geometric_features(plane, (10,), (5.0,))
     assert f_line[:, 0].min() > 0.99  # linearity
     assert f_plane[:, 2].max() < 1e-9  # no scattering out of the plane
     assert f_plane[:, 8].max() < 1e-6  # horizontal: verticality 0
@@ -92,16 +101,16 @@ def test_las_tiles_geometric_rows_cache_and_predict(root: Path, ctx: BuildContex
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = LasTilesConfig(root=str(root), features=["intensity", "geometric"], eval_max_points=400, **SPLITS)
     task = build_las_tiles(cfg, ctx)
-    assert task.info.in_channels == 1 + 34
+    assert task.info.in_channels == 1 + 35
     state = task.state()
-    assert state["geometric"] == {"version": geometric.VERSION, "scales": [10, 25, 50], "cell": 5.0}
+    assert state["geometric"] == {"version": geometric.VERSION, "scales": [10, 25, 50], "cells": [5.0, 30.0]}
     tiles = task.dataset("train").tiles
     arrays = tiles.arrays(0)
     whole = geometric.geometric_features(read_point_file(root / "a.las")["coord"])
     rows = np.array([5, 17, 400, 1100])
     np.testing.assert_array_equal(tiles.sample(0, arrays, rows)["geometric"], whole[rows])  # a crop takes rows
     item = task.dataset("train")[0]
-    assert item["feat"].shape[1] == 35 and np.isfinite(item["feat"]).all()
+    assert item["feat"].shape[1] == 36 and np.isfinite(item["feat"]).all()
 
     score = label_scorer(task.info.class_names, task.ignore_index)
     task.export_predictions(geometric_oracle, tmp_path / "eval", batch_size=2, export=None, score=score)
