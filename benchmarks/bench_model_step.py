@@ -1,4 +1,4 @@
-"""ModelNet10 training step: sciformer's model vs the same network built from PyG layers, one run.
+"""ModelNet10 training step: sciformer's v1 and v3 models vs the v1 network built from PyG layers, one run.
 
 The sciformer model is ``point_transformer_cls`` exactly as ``experiments/modelnet10.yaml``
 configures it (channels 32/64/128/256, blocks 0/1/1/1, strides 1/4/4/4, k 16, share_planes
@@ -11,6 +11,9 @@ configures it (channels 32/64/128/256, blocks 0/1/1/1, strides 1/4/4/4, k 16, sh
   ``BN-ReLU``, ``Linear-BN``, residual ``ReLU``) on the stage's kNN graph (self included);
 - ``global_mean_pool`` and the same MLP head (256, 128, dropout 0.5).
 
+``v3`` is ``point_transformer_v3_cls`` exactly as ``experiments/modelnet10_v3.yaml``
+configures it (``--v3-set KEY=VALUE ...`` overrides that file, e.g. ``model.grid_size=0.06``).
+
 ``pyg`` computes the same attention as sciformer: its ``attn_nn`` maps to C/8 weights
 repeated over the 8 channel groups (PTv1's share_planes). ``pyg-full`` is PyG's usual
 PTv1 block, one attention weight per channel (``attn_nn`` C -> C -> C), more arithmetic.
@@ -22,6 +25,8 @@ the table shows the median step time and the median of the per-round ratios.
 
     python benchmarks/bench_model_step.py                  # 1 thread (the experiment's), 15 rounds
     python benchmarks/bench_model_step.py --threads 2 --rounds 9
+    python benchmarks/bench_model_step.py --cases sciformer,v3   # v1 vs v3 only
+    python benchmarks/bench_model_step.py --profile v3     # torch.profiler table of the v3 step
 """
 
 from __future__ import annotations
@@ -143,11 +148,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cases", default="sciformer,v3,pyg,pyg-full", help="sciformer (v1), v3, pyg, pyg-full")
     parser.add_argument("--profile", metavar="CASE", help="print torch.profiler's table of one step of CASE and exit")
+    parser.add_argument("--v3-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="overrides of experiments/modelnet10_v3.yaml for the v3 case, e.g. model.grid_size=0.06")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     exp = config.load(ROOT / "experiments" / "modelnet10.yaml", [])
-    exp_v3 = config.load(ROOT / "experiments" / "modelnet10_v3.yaml", [])
+    exp_v3 = config.load(ROOT / "experiments" / "modelnet10_v3.yaml", args.v3_set)
     info = DataInfo(10, [f"c{i}" for i in range(10)], 0, task="classification")
     models: dict[str, nn.Module] = {}
     for case in ([args.profile] if args.profile else args.cases.split(",")):
