@@ -32,6 +32,7 @@ the table shows the median step time and the median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -186,20 +187,27 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
         return
     times: dict[str, list[float]] = {case: [] for case in steps}
+    cpu: dict[str, list[float]] = {case: [] for case in steps}  # process CPU time: steadier on a shared machine
+    load0 = os.getloadavg()[0]
     for _ in range(args.rounds):
         for case, step in steps.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step()
             times[case].append(time.perf_counter() - t0)
-    base = times.get("sciformer")
+            cpu[case].append(time.process_time() - c0)
+    base, base_cpu = times.get("sciformer"), cpu.get("sciformer")
     print(f"ModelNet10 training step, batch {exp.cfg.train.batch_size} x 512 points, {args.threads} thread(s), "
-          f"{args.rounds} rounds; torch {torch.__version__}")
-    print("| network | parameters | median s/step | vs sciformer (median of per-round ratios) |")
-    print("|---|---:|---:|---:|")
+          f"{args.rounds} rounds; torch {torch.__version__}; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
+    print("| network | parameters | median s/step | median CPU s/step | vs sciformer (median of per-round ratios, wall / CPU) |")
+    print("|---|---:|---:|---:|---:|")
     for case, t in times.items():
-        ratio = "1.00x" if base is None or case == "sciformer" else f"{statistics.median(a / b for a, b in zip(t, base)):.2f}x"
+        if base is None or base_cpu is None or case == "sciformer":
+            ratio = "1.00x"
+        else:
+            ratio = (f"{statistics.median(a / b for a, b in zip(t, base)):.2f}x / "
+                     f"{statistics.median(a / b for a, b in zip(cpu[case], base_cpu)):.2f}x")
         params = sum(p.numel() for p in models[case].parameters())
-        print(f"| {case} | {params:,} | {statistics.median(t):.4f} | {ratio} |")
+        print(f"| {case} | {params:,} | {statistics.median(t):.4f} | {statistics.median(cpu[case]):.4f} | {ratio} |")
 
 
 if __name__ == "__main__":
