@@ -97,6 +97,7 @@ def run_forest(task: Any, seed: int, max_train: int) -> dict[str, Any]:
 
 def run_scores(path: Path, class_names: list[str]) -> dict[str, Any]:
     m = json.loads((path / "metrics.json").read_text())
+    m = m.get("full_resolution") or m  # every original point (a grid-sampled run's top level holds the kept points)
     per = m.get("per_class", {})  # {class name: {"accuracy", "iou", "support"}}
     iou = [100 * float(per[c]["iou"]) if per.get(c, {}).get("iou") is not None else float("nan") for c in class_names]
     return {"miou": 100 * float(m["miou"]), "oa": 100 * float(m["oa"]), "iou": iou}

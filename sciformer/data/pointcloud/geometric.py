@@ -11,7 +11,7 @@ nearest neighbours (itself included) at each of several scales give
     log1p(z range), log1p(z standard deviation)
 
 (``e = lambda / sum(lambda)``, ``n`` the eigenvector of the smallest eigenvalue), and one
-last channels, one per cell size (5 m: the terrain nearby; 30 m: reaches the ground
+last channels, one per cell size (5 m: the terrain nearby; 40 m: reaches the ground
 beside a large roof): the signed log1p of the height above the local ground (the lowest,
 over the 3 x 3 block of ``cell``-metre 2-D cells around the point, of each cell's 5 % z
 quantile). Metric quantities go through log1p so that
@@ -31,7 +31,7 @@ import torch
 from sciformer.geometry import knn
 
 SCALES: tuple[int, ...] = (10, 25, 50)  # neighbours per scale
-CELLS: tuple[float, ...] = (5.0, 30.0)  # metres: 2-D cells of the local ground (3 x 3 cells around each point)
+CELLS: tuple[float, ...] = (5.0, 40.0)  # metres: 2-D cells of the local ground (3 x 3 cells around each point)
 LOW_QUANTILE = 0.05  # a cell's ground: this quantile of its z (robust to a few low noise points)
 EIGEN_NAMES = ("linearity", "planarity", "scattering", "omnivariance", "anisotropy", "eigenentropy",
                "curvature_change", "log_sum", "verticality", "log_z_range", "log_z_std")

@@ -68,7 +68,7 @@ def test_matches_explicit_neighbourhoods_synthetic() -> None:
 def test_matches_explicit_neighbourhoods_real_tile(fakes) -> None:
     coord = read_point_file(fakes.real_path("lidar", "las_warsaw_small.las"))["coord"]
     rng = np.random.default_rng(1)
-    check_against_oracle(coord, rng.choice(len(coord), 10, replace=False), scales=(10, 25, 50), cells=(5.0, 30.0))
+    check_against_oracle(coord, rng.choice(len(coord), 10, replace=False), scales=(10, 25, 50), cells=(5.0, 40.0))
 
 
 def test_shapes_read_as_expected() -> None:
@@ -103,7 +103,7 @@ def test_las_tiles_geometric_rows_cache_and_predict(root: Path, ctx: BuildContex
     task = build_las_tiles(cfg, ctx)
     assert task.info.in_channels == 1 + 35
     state = task.state()
-    assert state["geometric"] == {"version": geometric.VERSION, "scales": [10, 25, 50], "cells": [5.0, 30.0]}
+    assert state["geometric"] == {"version": geometric.VERSION, "scales": [10, 25, 50], "cells": [5.0, 40.0]}
     tiles = task.dataset("train").tiles
     arrays = tiles.arrays(0)
     whole = geometric.geometric_features(read_point_file(root / "a.las")["coord"])
