@@ -43,7 +43,7 @@ __all__ = ["METRIC_NAMES", "MIOU_RULE", "PART_MIOU_RULE", "ConfusionMatrix", "Pa
 MIOU_RULE = ("mean over classes of IoU = tp / (tp + fp + fn), classes absent from both targets and predictions excluded "
              "(= torchmetrics MulticlassJaccardIndex average='macro')")
 PART_MIOU_RULE = ("each shape predicted among its category's parts only; shape IoU = mean over the category's parts "
-                  "(a part absent from both prediction and truth counts 1); instance_miou = mean over shapes, "
+                  "(a part absent from both prediction and truth counts 1); instance_miou = mean over shapes with a scored point, "
                   "category_miou = mean over categories of their shapes' mean (the ShapeNetPart protocol)")
 
 
@@ -233,7 +233,8 @@ class PartIoU:
         union = (torch.bincount(s * c + p, minlength=b * c) + torch.bincount(s * c + t, minlength=b * c)).reshape(b, c) - inter  # (B, C)
         iou = torch.where(union > 0, inter.double() / union.clamp_min(1).double(), 1.0)  # (B, C) absent from both: 1
         shape_iou = (iou * mask).sum(dim=1) / mask.sum(dim=1)  # (B,)
-        self.totals.index_add_(0, category.cpu(), torch.stack([shape_iou.cpu(), torch.ones(b, dtype=torch.float64)], dim=1))
+        scored = torch.bincount(s, minlength=b) > 0  # (B,) a shape without a scored point (none, or all ignored) is not counted
+        self.totals.index_add_(0, category[scored].cpu(), torch.stack([shape_iou[scored].cpu(), torch.ones(int(scored.sum()), dtype=torch.float64)], dim=1))
         return pred
 
     def compute(self) -> dict[str, Any]:

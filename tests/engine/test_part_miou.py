@@ -188,3 +188,17 @@ def test_instance_miou_monitor_chooses_best(tmp_path: Path) -> None:
     assert metrics["monitor"] == "instance_miou" and metrics["best_val"] == pytest.approx(instance)
     assert set(metrics["per_category"]) == {"Airplane", "Bag"} and metrics["shapes"] == 2
     assert 0.0 <= metrics["instance_miou"] <= 1.0 and "part_miou_rule" in metrics
+
+
+def test_shapes_without_a_scored_point_are_not_counted() -> None:
+    """A shape with zero points, or with every point ignored, has no evidence: it is left out of
+    the means (counting it as a perfect 1.0 would inflate both mIoUs)."""
+    parts = PartIoU.of(INFO, ignore_index=-1)
+    parts.update(logits_for([4, 4, 5]), torch.tensor([4, 5, 5]), batch_of([BAG, AIRPLANE], [3, 0]))
+    parts.update(logits_for([0, 1]), torch.tensor([-1, -1]), batch_of([AIRPLANE], [2]))
+    m = parts.compute()
+    assert m["shapes"] == 1 and m["per_category"] == pytest.approx({"Bag": 0.5})  # the hand value of the Bag shape
+    assert m["instance_miou"] == pytest.approx(0.5) and m["category_miou"] == pytest.approx(0.5)
+    empty = PartIoU.of(INFO)
+    empty.update(torch.zeros(0, 50), torch.zeros(0, dtype=torch.int64), batch_of([], []))
+    assert empty.compute()["shapes"] == 0 and np.isnan(empty.compute()["instance_miou"])
