@@ -123,3 +123,17 @@ def test_usage_errors_are_one_line(extra: list[str], fragment: str, source: Path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_relative_init_from_in_a_yaml_is_recorded_absolute(source: Path, tmp_path: Path) -> None:
+    """train.init_from in a YAML is relative to the YAML's folder; the run's config.yaml (read from
+    another folder) must name the checkpoint file itself, so that the run can be repeated from it."""
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    (folder / "exp.yaml").write_text("name: toy\ndata: {name: toy_blobs}\nmodel: {name: toy_mlp, hidden: 8}\n"
+                                     "train: {epochs: 1, batch_size: 16, progress: never, threads: 1, init_from: ../source}\n")
+    run = tmp_path / "deep" / "er" / "run"
+    assert main(["train", "-c", str(folder / "exp.yaml"), "-o", str(run)]) == 0
+    best = source / "checkpoints" / "best.pt"
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["init_from"] == str(best.resolve())
+    assert main(["train", "-c", str(run / "config.yaml"), "-o", str(tmp_path / "again")]) == 0

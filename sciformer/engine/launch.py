@@ -81,7 +81,9 @@ def prepare_training(
     else:
         exp = config.load(config_source, overrides)
     if exp.cfg.train.init_from is not None:  # a missing or foreign file fails here, before any data is read
-        load_checkpoint(checkpoint_file(resolve_init_from(exp.cfg.train.init_from, exp.base_dir), "best.pt"))
+        init_file = checkpoint_file(resolve_init_from(exp.cfg.train.init_from, exp.base_dir), "best.pt")
+        load_checkpoint(init_file)
+        exp.cfg.train.init_from = str(init_file.resolve())  # the run's config.yaml names the file, wherever it is read from
     run_dir = out if out is not None else default_run_dir(exp.cfg.name)
     if (run_dir / "checkpoints" / "last.pt").exists():
         raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")

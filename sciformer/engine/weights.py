@@ -209,8 +209,8 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def _list(names: list[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMES])
+def _list(names: list[Any]) -> str:
+    shown = ", ".join(str(n) for n in names[:MAX_NAMES])  # an altered file may hold non-string keys
     return shown + (f" (+{len(names) - MAX_NAMES} more)" if len(names) > MAX_NAMES else "")
 
 

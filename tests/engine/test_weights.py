@@ -144,3 +144,15 @@ def test_strict_load_names_a_changed_model_parameter() -> None:
     with pytest.raises(CheckpointError, match=r"^checkpoint 'c.pt' lacks encoder\.\S+ \(and \d+ more\), which model "
                                               r"'spectral_spatial' needs: model\.depth is 1 in the checkpoint, 2 here$"):
         load_strict(dst, state, "c.pt", exp_dst, dataclasses.asdict(info))
+
+
+def test_a_non_string_tensor_name_is_listed_not_a_traceback(tmp_path: Path) -> None:
+    info = _hsi_info(20, 4)
+    src, exp = _build("spectral_spatial", info, seed=1, **SMALL)
+    state = src.state_dict()
+    state[5] = torch.zeros(1)  # an altered file: weights_only loading allows int keys
+    ckpt = tmp_path / "odd.pt"
+    save_checkpoint(ckpt, {"config": exp, "config_dir": str(tmp_path), "data_info": dataclasses.asdict(info), "model": state})
+    dst, _ = _build("spectral_spatial", info, seed=2, **SMALL)
+    line, record = init_from_checkpoint(dst, ckpt, exp, dataclasses.asdict(info))
+    assert line.endswith("; ignored 1 checkpoint tensors the model lacks (5)") and record["loaded"] == len(src.state_dict())
