@@ -202,12 +202,15 @@ def _spy_to_container(path: Path, img: Any) -> Container:
 def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Band centres and widths (nm) of an ENVI/ERDAS image: its ``wavelength`` / ``fwhm`` fields
     in its ``wavelength units`` (see :mod:`sciformer.data.hsi.wavelengths`); None when absent."""
-    from sciformer.data.hsi.wavelengths import check_wavelengths, to_nanometres
+    from sciformer.data.hsi.wavelengths import check_wavelengths, header_numbers, to_nanometres
 
     info = getattr(img, "bands", None)
     centers, widths = getattr(info, "centers", None), getattr(info, "bandwidths", None)
     units = getattr(info, "band_unit", None)
     where = f"{path}: header field 'wavelength'"
+    raw_field = (getattr(img, "metadata", {}) or {}).get("wavelength")
+    if centers is None and raw_field is not None and bands != 1:  # the reader gave up on it (a trailing comma, a non-number): parse it here
+        centers = header_numbers(raw_field, where)
     if centers is None or bands == 1:  # a one-band file is a label map
         return None, None
     wavelengths = to_nanometres(centers, units, where)
@@ -224,6 +227,9 @@ def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | N
 def _open_envi(header: Path, data_file: Path | None) -> Container:
     import spectral.io.envi as envi
 
+    from sciformer.data.hsi.wavelengths import check_text_size
+
+    check_text_size(regular_file(header, "ENVI header"), str(header))  # parsing is ~20x the header's size in memory
     try:
         img = envi.open(str(header), None if data_file is None else str(data_file))
     except Exception as exc:  # noqa: BLE001

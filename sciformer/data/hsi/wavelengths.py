@@ -29,6 +29,7 @@ import numpy as np
 from sciformer.errors import DataError
 
 MICROMETRE_LIMIT = 30.0  # unit-less centres all below this are micrometres
+MAX_TEXT_BYTES = 8 * 2**20  # an ENVI header or a band-centre list (a real one is a few kB; parsing costs ~20x its size)
 TOLERANCE_NM = 1.0  # two band sets are the same when every centre agrees within this
 
 # ENVI 'wavelength units' spellings -> factor to nm (lower case, spaces removed)
@@ -46,6 +47,28 @@ _NOT_WAVELENGTHS = ("index", "indices", "bandnumber", "band", "bands")
 ACCEPTED_UNITS = "Nanometers/nm, Micrometers/um/µm, Millimeters/mm, Centimeters/cm, Meters/m, Wavenumber (cm^-1)"
 
 
+def check_text_size(path: Path, where: str) -> None:
+    """Refuse a header or band-centre list above :data:`MAX_TEXT_BYTES` before it is read (one line)."""
+    size = path.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise DataError(f"{where}: {size} bytes; a header or list of band centres is at most {MAX_TEXT_BYTES} bytes (is it a data file?)")
+
+
+def header_numbers(raw: Any, where: str) -> list[float]:
+    """The numbers of an ENVI ``{...}`` field as parsed into strings (a trailing comma allowed); one line
+    naming the first entry that is not a number otherwise."""
+    items = [str(v).strip() for v in (raw if isinstance(raw, (list, tuple)) else [raw])]
+    if len(items) > 1 and not items[-1]:
+        items = items[:-1]  # '{400, 500,}'
+    out = []
+    for item in items:
+        try:
+            out.append(float(item))
+        except ValueError:
+            raise DataError(f"{where}: '{item[:20]}' is not a number; expected band centres separated by commas") from None
+    return out
+
+
 def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | None:
     """``values`` (B,) in ``units`` as float64 nanometres; None when ``units`` says they are band indices.
 
@@ -53,6 +76,8 @@ def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | No
     An unknown unit name is a one-line DataError listing the accepted ones.
     """
     arr = np.asarray(values, dtype=np.float64).reshape(-1)  # (B,)
+    if isinstance(units, (list, tuple)) and len(units) == 1:  # 'wavelength units = {Micrometers}'
+        units = units[0]
     key = re.sub(r"\s+", "", str(units or "")).lower()
     if key in _NOT_WAVELENGTHS:
         return None
@@ -143,6 +168,7 @@ def read_wavelength_spec(spec: str | Sequence[float] | np.ndarray, where: str = 
 def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
     label = f"{where} {path}"
     suffix = path.suffix.lower()
+    check_text_size(path, label)
     if suffix == ".hdr":
         from spectral.io.envi import read_envi_header
 
@@ -152,10 +178,7 @@ def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
             raise DataError(f"{label}: not a readable ENVI header ({' '.join(str(exc).split())[:120]})") from None
         if "wavelength" not in header:
             raise DataError(f"{label}: the header has no 'wavelength = {{...}}' field")
-        try:
-            raw = [float(v) for v in header["wavelength"]]
-        except (TypeError, ValueError):
-            raise DataError(f"{label}: the 'wavelength' field holds non-numbers") from None
+        raw = header_numbers(header["wavelength"], f"{label}: header field 'wavelength'")
         wl = to_nanometres(raw, header.get("wavelength units"), label)
         if wl is None:
             raise DataError(f"{label}: 'wavelength units = Index' gives band numbers, not band centres")
@@ -164,7 +187,7 @@ def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
         if suffix == ".npy":
             values = np.load(path, allow_pickle=False)
         else:
-            values = [float(t) for t in re.split(r"[\s,;]+", path.read_text()[:1_000_000]) if t]
+            values = [float(t) for t in re.split(r"[\s,;]+", path.read_text()) if t]
     except (OSError, ValueError) as exc:
         raise DataError(f"{label}: cannot read band centres ({' '.join(str(exc).split())[:120]}); "
                         "expected .hdr, .npy or numbers in nm separated by commas or spaces") from None

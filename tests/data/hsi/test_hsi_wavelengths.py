@@ -193,3 +193,37 @@ def test_real_crop_as_envi_in_micrometres(data_root: Path, tmp_path: Path) -> No
     scene = read_scene(header, labels="none")
     np.testing.assert_allclose(scene.wavelengths, typed * 1000, rtol=1e-12)
     np.testing.assert_allclose(scene.wavelengths, wl, atol=1e-4)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_envi_header_with_a_trailing_comma_and_braced_units(tmp_path: Path, newline: str) -> None:
+    cube, _, wl_nm = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    extra = f"wavelength units = {{Micrometers}}\nwavelength = {{\n {', '.join(f'{v / 1000:.6f}' for v in wl_nm)},\n}}\n"
+    header = write_envi_text(tmp_path, cube, extra)
+    header.write_bytes(header.read_text().replace("\n", newline).encode())
+    np.testing.assert_allclose(read_scene(header, labels="none").wavelengths, np.round(wl_nm / 1000, 6) * 1000)
+    np.testing.assert_allclose(read_wavelength_spec(str(header)), np.round(wl_nm / 1000, 6) * 1000)
+
+
+@pytest.mark.parametrize("field", ["{400nm, 500, 600, 700, 800}", "{}", "{400, , 600, 700, 800}"])
+def test_envi_header_wavelengths_that_are_not_numbers_are_refused_not_dropped(tmp_path: Path, field: str) -> None:
+    cube, _, _ = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    header = write_envi_text(tmp_path, cube, f"wavelength units = nm\nwavelength = {field}\n")
+    with pytest.raises(DataError, match=r"header field 'wavelength'.*not a number") as err:
+        read_scene(header, labels="none")
+    assert "\n" not in str(err.value)
+
+
+def test_oversized_header_or_centre_list_is_refused_before_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sciformer.data.hsi.wavelengths as wavelengths
+
+    monkeypatch.setattr(wavelengths, "MAX_TEXT_BYTES", 4096)
+    cube, _, _ = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    header = write_envi_text(tmp_path, cube, "wavelength units = nm\nwavelength = {" + ", ".join(["400.5"] * 1000) + "}\n")
+    for read in (lambda: read_scene(header, labels="none"), lambda: read_wavelength_spec(str(header))):
+        with pytest.raises(DataError, match=r"bytes; .* at most 4096"):
+            read()
+    listing = tmp_path / "centres.txt"  # was read whole, then cut at 1e6 characters (possibly inside a number)
+    listing.write_text("\n".join(f"{400 + i * 0.25:.2f}" for i in range(1000)))
+    with pytest.raises(DataError, match=r"bytes; .* at most 4096"):
+        read_wavelength_spec(str(listing))
