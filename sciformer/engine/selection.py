@@ -10,6 +10,9 @@ replaces ``best.pt`` and resets ``train.early_stop_patience``.
 The best record, stored in every checkpoint, is ``{"metric", "value", "epoch", "loss"}``;
 checkpoints written before ``loss`` was recorded take it from their history row of the
 best epoch (none there: ties keep the earlier checkpoint, as they did before).
+
+A validation whose loss is NaN never replaces ``best.pt``: batches without a labelled
+sample add no loss, so a NaN means the model gave non-finite logits on some sample.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def _finite(value: Any) -> float | None:
 
 def improves(best: dict[str, Any], value: float, loss: float | None) -> bool:
     """Whether a validation scoring ``value`` (of ``best['metric']``) with mean ``loss`` replaces best.pt."""
-    if not math.isfinite(value):
+    if not math.isfinite(value) or (loss is not None and math.isnan(loss)):
         return False
     top = best.get("value")
     if top is None:

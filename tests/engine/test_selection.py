@@ -99,3 +99,24 @@ def test_resume_keeps_the_best_value_and_loss(stored: str, toy_config: Path, tmp
     assert main(["train", "--resume", str(run), "train.epochs=5"]) == 0
     # epoch 4 ties with a higher loss (kept); epoch 5 ties with a lower loss (replaces), unless no loss is known
     assert _best(run)["epoch"] == (3 if stored == "nothing" else 5)
+
+
+def test_a_validation_with_a_nan_loss_never_becomes_best() -> None:
+    """A NaN validation loss means the model gave non-finite logits (ignored-only batches add no loss):
+    its arg-max predictions may still score well, but that model is not the one to keep."""
+    nan = float("nan")
+    assert not improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": 0.5}, 1.0, nan)
+    assert not improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, nan)
+    assert improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, None)  # no loss known: the metric decides
+
+
+def test_no_finite_validation_is_one_line_not_a_missing_best_pt(toy_config: Path, tmp_path: Path, scripted: dict,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    nan = float("nan")
+    scripted.update({1: (0, nan), 2: (1, nan), 3: (0, nan)})
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of the 3 validations" in err[0] and "best.pt" in err[0], err
+    assert not (run / "metrics.json").exists() and (run / "checkpoints" / "last.pt").exists()
