@@ -162,6 +162,13 @@ def read_wavelength_spec(spec: str | Sequence[float] | np.ndarray, where: str = 
         is_file = False
     if is_file:
         return _read_wavelength_file(path, where)
+    if re.fullmatch(r"[0-9.eE+-]+", text):  # one band centre, for a one-band cube ('550'; a file of that name was read above)
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is not None:
+            return given_nanometres([value], None, where)
     raise DataError(f"{where} '{text[:60]}': neither a file nor a comma-separated list of band centres in nm")
 
 

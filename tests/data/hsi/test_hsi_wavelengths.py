@@ -227,3 +227,10 @@ def test_oversized_header_or_centre_list_is_refused_before_parsing(tmp_path: Pat
     listing.write_text("\n".join(f"{400 + i * 0.25:.2f}" for i in range(1000)))
     with pytest.raises(DataError, match=r"bytes; .* at most 4096"):
         read_wavelength_spec(str(listing))
+
+
+def test_one_inline_band_centre_for_a_one_band_cube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    np.testing.assert_allclose(read_wavelength_spec("550.5"), [550.5])  # no separator, and no file of that name
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "600").write_text("610, 620\n")  # an existing file of that name stays a file
+    np.testing.assert_allclose(read_wavelength_spec("600"), [610.0, 620.0])
