@@ -124,6 +124,9 @@ def mismatch(own: dict[str, Any], src: dict[str, Any], ctx: Context, where: str)
             more = sum(1 for n in b if n not in a) - 1
             return (f"checkpoint '{where}' lacks {name}{f' (and {more} more)' if more else ''}, which model '{ctx.model}' "
                     f"needs: {reason(ctx)[0]}")
+        if a[name] is None:
+            return (f"checkpoint '{where}': {name} is not a tensor ({type(src[name]).__name__}), the model wants shape {_shape(want)}: "
+                    f"{reason(ctx)[0]}")
         if a[name] != want:
             return (f"checkpoint '{where}': {name} has shape {_shape(a[name])}, the model wants {_shape(want)}: "
                     f"{reason(ctx, a[name], want)[0]}")

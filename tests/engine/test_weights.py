@@ -156,3 +156,12 @@ def test_a_non_string_tensor_name_is_listed_not_a_traceback(tmp_path: Path) -> N
     dst, _ = _build("spectral_spatial", info, seed=2, **SMALL)
     line, record = init_from_checkpoint(dst, ckpt, exp, dataclasses.asdict(info))
     assert line.endswith("; ignored 1 checkpoint tensors the model lacks (5)") and record["loaded"] == len(src.state_dict())
+
+
+def test_strict_load_of_a_non_tensor_value_says_so() -> None:
+    info = _hsi_info(20, 3)
+    src, exp = _build("spectral_spatial", info, seed=0, **SMALL)
+    weights = src.state_dict()
+    weights["head.bias"] = 3  # an altered file
+    with pytest.raises(CheckpointError, match=r"^checkpoint 'c.pt': head\.bias is not a tensor \(int\), the model wants shape \(3,\)"):
+        load_strict(src, {"config": exp, "data_info": dataclasses.asdict(info), "model": weights}, "c.pt", exp, dataclasses.asdict(info))
