@@ -3,6 +3,7 @@ with shapes known up front and arrays loaded on demand."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -230,10 +231,15 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
     from sciformer.data.hsi.wavelengths import check_text_size
 
     check_text_size(regular_file(header, "ENVI header"), str(header))  # parsing is ~20x the header's size in memory
+    logger = logging.getLogger("spectral")  # its 'Unable to parse' warnings (extra stderr lines); 'wavelength' is re-read in _envi_band_centres
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         img = envi.open(str(header), None if data_file is None else str(data_file))
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{header}: not a readable ENVI header/data pair: {short_error(exc)}") from exc
+    finally:
+        logger.setLevel(level)
     interleave = str((getattr(img, "metadata", {}) or {}).get("interleave", "bsq")).strip().lower()
     if interleave not in ("bsq", "bil", "bip"):
         raise DataError(f"{header}: ENVI interleave '{interleave[:20]}' is not supported; expected bsq, bil or bip")

@@ -234,3 +234,11 @@ def test_one_inline_band_centre_for_a_one_band_cube(tmp_path: Path, monkeypatch:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "600").write_text("610, 620\n")  # an existing file of that name stays a file
     np.testing.assert_allclose(read_wavelength_spec("600"), [610.0, 620.0])
+
+
+def test_a_header_the_envi_library_cannot_parse_prints_nothing_of_its_own(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    cube, _, wl_nm = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    header = write_envi_text(tmp_path, cube, f"wavelength units = nm\nwavelength = {{{', '.join(f'{v:.2f}' for v in wl_nm)},}}\n")
+    capfd.readouterr()
+    np.testing.assert_allclose(read_scene(header, labels="none").wavelengths, np.round(wl_nm, 2))
+    assert capfd.readouterr().err == ""  # its 'Unable to parse' warning would be a second stderr line beside an error
