@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,7 +236,9 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        img = envi.open(str(header), None if data_file is None else str(data_file))
+        with warnings.catch_warnings():  # 'non-lowercase names ... converted to lowercase': two stderr lines, not a problem
+            warnings.simplefilter("ignore", UserWarning)
+            img = envi.open(str(header), None if data_file is None else str(data_file))
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{header}: not a readable ENVI header/data pair: {short_error(exc)}") from exc
     finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,9 @@ def georef_from_envi_header(header: Path) -> dict[str, Any] | None:
     from spectral.io import envi
 
     try:
-        meta = envi.read_envi_header(str(header))
+        with warnings.catch_warnings():  # mixed-case keys: a two-line UserWarning
+            warnings.simplefilter("ignore", UserWarning)
+            meta = envi.read_envi_header(str(header))
     except Exception:  # noqa: BLE001 - the reader reports a bad header itself; no georef here
         return None
     map_info = meta.get("map info")

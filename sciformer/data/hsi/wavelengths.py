@@ -20,6 +20,7 @@ Every list is checked: finite, positive, one value per band (:func:`check_wavele
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,9 @@ def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
         from spectral.io.envi import read_envi_header
 
         try:
-            header = read_envi_header(str(path))
+            with warnings.catch_warnings():  # mixed-case keys: a two-line UserWarning
+                warnings.simplefilter("ignore", UserWarning)
+                header = read_envi_header(str(path))
         except Exception as exc:  # noqa: BLE001 - any parse failure is a bad header
             raise DataError(f"{label}: not a readable ENVI header ({' '.join(str(exc).split())[:120]})") from None
         if "wavelength" not in header:

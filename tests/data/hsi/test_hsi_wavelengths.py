@@ -18,6 +18,7 @@ from synthetic import make_hsi_scene
 
 from sciformer import config
 from sciformer.contracts import BuildContext
+from sciformer.data.hsi.geotiff import georef_from_envi_header
 from sciformer.data.hsi.readers import read_scene
 from sciformer.data.hsi.task import build_hsi_scene
 from sciformer.data.hsi.wavelengths import given_nanometres, read_wavelength_spec, to_nanometres
@@ -242,3 +243,16 @@ def test_a_header_the_envi_library_cannot_parse_prints_nothing_of_its_own(tmp_pa
     capfd.readouterr()
     np.testing.assert_allclose(read_scene(header, labels="none").wavelengths, np.round(wl_nm, 2))
     assert capfd.readouterr().err == ""  # its 'Unable to parse' warning would be a second stderr line beside an error
+
+
+def test_mixed_case_header_keys_are_read_without_a_warning(tmp_path: Path) -> None:
+    import warnings
+
+    cube, _, wl_nm = make_hsi_scene(h=4, w=4, bands=5, classes=2, block=2)
+    header = write_envi_text(tmp_path, cube, f"Wavelength Units = Nanometers\nWavelength = {braces(wl_nm)}\n"
+                                             "Map Info = {UTM, 1, 1, 500000, 4000000, 30, 30, 10, North, WGS-84}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the library's two-line UserWarning would print beside a one-line error
+        np.testing.assert_allclose(read_scene(header, labels="none").wavelengths, np.round(wl_nm, 4))
+        np.testing.assert_allclose(read_wavelength_spec(str(header)), np.round(wl_nm, 4))  # --wavelengths HDR
+        assert georef_from_envi_header(header) is not None  # predict reads the header's georeference too
