@@ -357,8 +357,9 @@ class Trainer:
     def _final_evaluation(self) -> RunResult:
         best_path = self.run_dir / "checkpoints" / "best.pt"
         if not best_path.exists():  # every validation gave a NaN monitored value or loss
-            raise SciformerError(f"train.monitor '{self.best['metric']}': none of the {sum('val_loss' in r for r in self.history)} validations gave a finite value and loss, so no best.pt was written; "
-                                 f"see {self.run_dir / 'metrics.csv'} (last.pt holds the last epoch)")
+            validations = sum("val_loss" in r for r in self.history)
+            raise SciformerError(f"train.monitor '{self.best['metric']}': none of the {validations} validations gave a finite value "
+                                 f"and loss, so no best.pt was written; see {self.run_dir / 'metrics.csv'} (last.pt holds the last epoch)")
         state = load_checkpoint(best_path)
         self.model.load_state_dict(state["model"])
         result = evaluate_and_export(self.exp, self.task, self.model, self.device, self.run_dir,
