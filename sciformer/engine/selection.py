@@ -11,8 +11,10 @@ The best record, stored in every checkpoint, is ``{"metric", "value", "epoch", "
 checkpoints written before ``loss`` was recorded take it from their history row of the
 best epoch (none there: ties keep the earlier checkpoint, as they did before).
 
-A validation whose loss is NaN never replaces ``best.pt``: batches without a labelled
-sample add no loss, so a NaN means the model gave non-finite logits on some sample.
+A validation whose loss is NaN (batches without a labelled sample add no loss, so a NaN
+means the model gave non-finite logits on some sample) becomes ``best.pt`` only while no
+validation with a finite loss has; a validation with a finite loss replaces it whatever
+its metric.
 """
 
 from __future__ import annotations
@@ -31,13 +33,20 @@ def _finite(value: Any) -> float | None:
     return float(value) if ok else None
 
 
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def improves(best: dict[str, Any], value: float, loss: float | None) -> bool:
     """Whether a validation scoring ``value`` (of ``best['metric']``) with mean ``loss`` replaces best.pt."""
-    if not math.isfinite(value) or (loss is not None and math.isnan(loss)):
+    if not math.isfinite(value):
         return False
     top = best.get("value")
     if top is None:
         return True
+    new_nan, old_nan = _is_nan(loss), _is_nan(best.get("loss"))
+    if new_nan != old_nan:  # a finite validation loss beats a NaN one, never the reverse
+        return old_nan
     if best["metric"] == "loss":
         return value < top
     if value != top:

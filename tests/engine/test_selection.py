@@ -101,12 +101,14 @@ def test_resume_keeps_the_best_value_and_loss(stored: str, toy_config: Path, tmp
     assert _best(run)["epoch"] == (3 if stored == "nothing" else 5)
 
 
-def test_a_validation_with_a_nan_loss_never_becomes_best() -> None:
+def test_a_validation_with_a_nan_loss_yields_to_any_finite_one() -> None:
     """A NaN validation loss means the model gave non-finite logits (ignored-only batches add no loss):
-    its arg-max predictions may still score well, but that model is not the one to keep."""
+    its arg-max predictions may still score well, but a model with a finite loss is preferred."""
     nan = float("nan")
     assert not improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": 0.5}, 1.0, nan)
-    assert not improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, nan)
+    assert improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, nan)  # nothing better yet
+    assert improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": nan}, 0.5, 2.0)  # finite beats NaN
+    assert improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": nan}, 0.95, nan)  # among NaN: the metric
     assert improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, None)  # no loss known: the metric decides
 
 
@@ -116,7 +118,15 @@ def test_no_finite_validation_is_one_line_not_a_missing_best_pt(toy_config: Path
     scripted.update({1: (0, nan), 2: (1, nan), 3: (0, nan)})
     run = tmp_path / "run"
     capsys.readouterr()
-    assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 2
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.monitor=loss"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none of the 3 validations" in err[0] and "best.pt" in err[0], err
     assert not (run / "metrics.json").exists() and (run / "checkpoints" / "last.pt").exists()
+
+
+def test_a_nan_loss_validation_is_kept_only_until_a_finite_one(toy_config: Path, tmp_path: Path, scripted: dict) -> None:
+    nan = float("nan")
+    scripted.update({1: (0, nan), 2: (3, 1.0), 3: (1, nan)})
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 0
+    assert _best(run)["epoch"] == 2

@@ -1268,7 +1268,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return _evaluate(d, save_tampered(t.checkpoint(), d / "nomodel.pt", lambda s: s.pop("model")))
 
 
-@case("ckpt-weights-mismatch", "odd.pt", "does not match model 'spectral_spatial'", "size mismatch")
+@case("ckpt-weights-mismatch", "odd.pt", "its weights do not fit the model", "the model wants")
 def _(d: Path, t: Trained) -> list[str]:
     def edit(s: dict[str, Any]) -> None:
         key = next(k for k, v in s["model"].items() if v.ndim == 2)
@@ -1277,7 +1277,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return _predict_with(d, t, save_tampered(t.checkpoint(), d / "odd.pt", edit))
 
 
-@case("ckpt-weights-not-tensors", "odd.pt", "does not match model")
+@case("ckpt-weights-not-tensors", "odd.pt", "its weights do not fit the model")
 def _(d: Path, t: Trained) -> list[str]:
     return _predict_with(d, t, save_tampered(t.checkpoint(), d / "odd.pt", lambda s: s.__setitem__("model", {"w": "text"})))
 

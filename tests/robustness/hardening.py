@@ -180,7 +180,7 @@ for _id, _edit, _expect in [
     ("ckpt-partial-garbage", lambda s: s.update(partial=["x", None]), ("'partial'",)),
     ("ckpt-best-garbage", lambda s: s.update(best=[1, 2]), ("'best' is malformed",)),
     ("ckpt-optimizer-garbage", lambda s: s.update(optimizer={"state": 3, "param_groups": "x"}), ("optimizer state does not match",)),
-    ("ckpt-model-other-shapes", lambda s: s["model"].update({k: torch.zeros(3) for k in list(s["model"])[:1]}), ("model state does not match",)),
+    ("ckpt-model-other-shapes", lambda s: s["model"].update({k: torch.zeros(3) for k in list(s["model"])[:1]}), ("its weights do not fit the model",)),
     ("ckpt-classes-huge", lambda s: s["data_info"].update(num_classes=10**12), ("data_info.num_classes",)),
     ("ckpt-channels-negative", lambda s: s["data_info"].update(in_channels=-5), ("data_info.in_channels",)),
     ("ckpt-class-names-short", lambda s: s["data_info"].update(class_names=["a"]), ("class_names",)),
