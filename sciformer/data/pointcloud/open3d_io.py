@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData
+from sciformer.data.pointcloud.pcd import read_pcd_header
 
 _PCD_FIELDS = {"x", "y", "z", "normal_x", "normal_y", "normal_z", "rgb"}
 
@@ -33,18 +34,10 @@ def open3d_available() -> bool:
 
 def _pcd_plan(path: Path, compressed_only: bool = False) -> tuple[bool, bool, int, bool] | None:
     """(has normals, has colour, points, float32 coordinates) if open3d reads this PCD exactly, else None."""
-    header: dict[str, list[str]] = {}
     with open(path, "rb") as fh:
-        for _ in range(200):
-            raw = fh.readline()
-            if not raw:
-                return None
-            words = raw.decode("ascii", errors="replace").split()
-            if not words or words[0].startswith("#"):
-                continue
-            header[words[0].upper()] = words[1:]
-            if words[0].upper() == "DATA":
-                break
+        header = read_pcd_header(fh)
+        if header is None:
+            return None
         start = fh.tell()
         head8 = fh.read(8)
     try:

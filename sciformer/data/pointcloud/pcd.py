@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -53,21 +54,30 @@ def lzf_decompress(data: bytes, out_len: int) -> bytes:
     return bytes(out)
 
 
+def read_pcd_header(fh: BinaryIO, max_lines: int = 200) -> dict[str, list[str]] | None:
+    """The PCD header keys (upper case) and their words, up to and including ``DATA``, read
+    from ``fh`` at the file start; None when no ``DATA`` line comes within ``max_lines``."""
+    header: dict[str, list[str]] = {}
+    for _ in range(max_lines):
+        raw = fh.readline()
+        if not raw:
+            return None
+        words = raw.decode("ascii", errors="replace").split()
+        if not words or words[0].startswith("#"):
+            continue
+        header[words[0].upper()] = words[1:]
+        if words[0].upper() == "DATA":
+            return header
+    return None
+
+
 def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
     """Read a PCD file; organised clouds' NaN holes are dropped unless ``keep_invalid``
     (then every point stays, in file order, and the caller masks the holes)."""
     with open(path, "rb") as fh:
-        header: dict[str, list[str]] = {}
-        for _ in range(1, 200):
-            raw = fh.readline()
-            if not raw:
-                raise fail(path, "PCD header has no DATA line")
-            words = raw.decode("ascii", errors="replace").split()
-            if not words or words[0].startswith("#"):
-                continue
-            header[words[0].upper()] = words[1:]
-            if words[0].upper() == "DATA":
-                break
+        header = read_pcd_header(fh)
+        if header is None:
+            raise fail(path, "PCD header has no DATA line")
         body = fh.read()
     try:
         fields = header["FIELDS"]
