@@ -51,7 +51,7 @@ def whole_scenes(task: Any, split: str) -> list[dict[str, Any]]:
     if split != "train":
         return [task.scene(split, i) for i in range(len(task.scene_names(split)))]
     dataset = task.dataset("train")
-    source = getattr(dataset, "source", None) or getattr(dataset, "tiles", None) or getattr(dataset, "scenes", None)
+    source = getattr(dataset, "source", None) or getattr(dataset, "scenes", None)
     if source is None or not hasattr(source, "load"):
         raise SystemExit(f"{type(dataset).__name__}: cannot list whole training scenes for the baseline")
     return [source.load(i) for i in range(len(source))]

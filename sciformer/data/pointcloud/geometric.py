@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from sciformer.errors import DataError
 from sciformer.geometry import knn
 
 SCALES: tuple[int, ...] = (10, 25, 50)  # neighbours per scale
@@ -35,6 +36,7 @@ CELLS: tuple[float, ...] = (5.0, 40.0)  # metres: 2-D cells of the local ground 
 LOW_QUANTILE = 0.05  # a cell's ground: this quantile of its z (robust to a few low noise points)
 EIGEN_NAMES = ("linearity", "planarity", "scattering", "omnivariance", "anisotropy", "eigenentropy",
                "curvature_change", "log_sum", "verticality", "log_z_range", "log_z_std")
+_MAX_CELL = 2**30  # cell index cap per axis (ids of two axes fit in int64)
 VERSION = 2  # bump when the definition changes (cache keys and checkpoints carry it)
 
 
@@ -73,21 +75,26 @@ def height_above_local_min(coord: np.ndarray, cell: float = CELLS[0], quantile: 
     cell do not lower the ground of every point around them; the minimum below 1 / quantile
     points). Negative for points below that ground.
 
+    Only occupied cells are stored (memory grows with the points, never with the cloud's
+    extent: one outlier kilometres away costs one cell); cell indices saturate at
+    :data:`_MAX_CELL` cells from the cloud's corner, far beyond any real survey.
+
     Shapes: coord (n, 3) -> (n,).
     """
-    ij = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell).astype(np.int64)  # (n, 2)
-    shape = tuple(ij.max(axis=0) + 3)
-    flat = (ij[:, 0] + 1) * shape[1] + (ij[:, 1] + 1)  # (n,) cell id, padded by one cell each side
+    steps = np.floor((coord[:, :2] - coord[:, :2].min(axis=0)) / cell)  # (n, 2) float, >= 0
+    ij = np.minimum(steps, _MAX_CELL).astype(np.int64) + 1  # (n, 2) one cell of margin each side
+    width = _MAX_CELL + 3
+    flat = ij[:, 0] * width + ij[:, 1]  # (n,) cell id
     order = np.lexsort((coord[:, 2], flat))  # by cell, then z
-    cells, first, count = np.unique(flat[order], return_index=True, return_counts=True)
+    cells, first, count = np.unique(flat[order], return_index=True, return_counts=True)  # sorted cell ids
     low = coord[order[first + np.floor(quantile * (count - 1)).astype(np.int64)], 2]  # (cells,)
-    grid = np.full(shape, np.inf)
-    grid.flat[cells] = low
-    block = grid.copy()
+    block = np.full(len(cells), np.inf)  # (cells,) lowest ground over each cell's 3 x 3 block
     for di in (-1, 0, 1):
         for dj in (-1, 0, 1):
-            block = np.minimum(block, np.roll(np.roll(grid, di, axis=0), dj, axis=1))
-    return coord[:, 2] - block[ij[:, 0] + 1, ij[:, 1] + 1]
+            other = cells + di * width + dj  # (cells,) neighbour ids
+            at = np.minimum(np.searchsorted(cells, other), len(cells) - 1)  # (cells,)
+            block = np.minimum(block, np.where(cells[at] == other, low[at], np.inf))
+    return coord[:, 2] - block[np.searchsorted(cells, flat)]
 
 
 def geometric_features(coord: np.ndarray, scales: Sequence[int] = SCALES, cells: Sequence[float] = CELLS,
@@ -122,3 +129,25 @@ def geometric_features(coord: np.ndarray, scales: Sequence[int] = SCALES, cells:
 def geometric_state(scales: Sequence[int] = SCALES, cells: Sequence[float] = CELLS) -> dict[str, object]:
     """What a checkpoint records so that prediction computes the same features."""
     return {"version": VERSION, "scales": [int(k) for k in scales], "cells": [float(c) for c in cells]}
+
+
+def features_as_recorded(coord: np.ndarray, recorded: dict[str, object]) -> np.ndarray:
+    """Geometric features of a file's points as a checkpoint recorded them (:func:`geometric_state`):
+    computed over the points whose coordinates are finite in float32 (the rule every reader
+    uses for a usable point), 0 for the others. A checkpoint of another :data:`VERSION` is a
+    one-line DataError.
+
+    Shapes: coord (n, 3) -> (n, channels(recorded scales, recorded cells)) float32.
+    """
+    if recorded.get("version") != VERSION:
+        raise DataError(f"checkpoint: geometric features of version {recorded.get('version')}, this sciformer computes "
+                        f"version {VERSION}; retrain, or predict with the sciformer that trained it")
+    scales = [int(k) for k in recorded["scales"]]  # type: ignore[union-attr]
+    cells = [float(c) for c in recorded["cells"]]  # type: ignore[union-attr]
+    coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
+    with np.errstate(invalid="ignore"):
+        usable = np.all(np.abs(coord) <= float(np.finfo(np.float32).max), axis=1)  # (n,) False for NaN / Inf
+    out = np.zeros((len(coord), channels(scales, cells)), dtype=np.float32)  # (n, F)
+    if usable.any():
+        out[usable] = geometric_features(coord[usable], scales, cells)
+    return out

@@ -61,8 +61,7 @@ from sciformer.data.pointcloud.export import (
     asprs_codes_from_table,
     write_point_predictions,
 )
-from sciformer.data.pointcloud.geometric import VERSION as GEOMETRIC_VERSION
-from sciformer.data.pointcloud.geometric import channels, geometric_features, geometric_state
+from sciformer.data.pointcloud.geometric import features_as_recorded, geometric_features, geometric_state
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
 from sciformer.data.pointcloud.point_scenes import check_classes
 from sciformer.data.pointcloud.predict_file import (
@@ -234,7 +233,7 @@ class LasCropDataset(SceneCrops):
 
     def __init__(self, tiles: LasTiles, cfg: LasTilesConfig, features: list[str], transform: Compose, seed: int) -> None:
         super().__init__(len(tiles), cfg.crops_per_tile, cfg.grid_size, "min", features, transform, seed)
-        self.tiles = tiles
+        self.tiles = self.source = tiles  # source: the whole training tiles (SceneSource)
         self.cfg = cfg
 
     def describe_item(self, index: int) -> str:
@@ -264,19 +263,6 @@ class LasCropDataset(SceneCrops):
         if self.cfg.crop_max_points and n > self.cfg.crop_max_points:
             sample = index_points(sample, np.sort(rng.choice(n, self.cfg.crop_max_points, replace=False)))
         return self.shift(sample)  # float64 recentring; float32 at feature assembly
-
-
-def file_geometric(coord: np.ndarray, recorded: dict[str, Any]) -> np.ndarray:
-    """Geometric features (n, 35) of a file's finite points as a checkpoint recorded them (0 elsewhere)."""
-    if recorded.get("version") != GEOMETRIC_VERSION:
-        raise DataError(f"checkpoint: geometric features of version {recorded.get('version')}, this sciformer computes "
-                        f"version {GEOMETRIC_VERSION}; retrain, or predict with the sciformer that trained it")
-    coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
-    finite = np.isfinite(coord).all(axis=1)  # (n,)
-    out = np.zeros((len(coord), channels(recorded["scales"], recorded["cells"])), dtype=np.float32)  # (n, F)
-    if finite.any():
-        out[finite] = geometric_features(coord[finite], recorded["scales"], recorded["cells"])
-    return out
 
 
 def predict_las_file(
@@ -311,7 +297,7 @@ def predict_las_file(
     if "label" in data:  # ASPRS classification of a LAS tile: the truth to compare with
         arrays["code"] = data["label"]
     if "geometric" in features:
-        arrays["geometric"] = file_geometric(data["coord"], state_value(state, "geometric", "las_tiles"))
+        arrays["geometric"] = features_as_recorded(data["coord"], state_value(state, "geometric", "las_tiles"))
     finite = arrays.get("intensity", np.ones(1))
     finite = finite[np.isfinite(finite)] if np.isfinite(finite).any() else np.ones(1)
     scale = state.get("intensity_scale") or max(float(np.percentile(finite, 99)), 1.0)

@@ -16,12 +16,16 @@ See ``datasets/point_scenes/README.md``::
       # or  classes: [ground, tree, building]         # label value k is class k
       unmapped: ignore                                # values not listed: 'ignore' (-1) or a class name
       columns: null                                   # e.g. [x, y, z, intensity] for raw .bin scans
-      features: [intensity]                           # coord, colour, intensity, normal, height
+      features: [intensity]                           # coord, colour, intensity, normal, height, geometric
 
 Training items are crops of ``crop_points`` points around a random point (after
 optional grid sampling, ``loop`` per file and epoch), recentred in x, y and with z from
 the crop's lowest point; validation and test items cover every point of whole files
 (split into parts of at most ``eval_max_points``), with test metrics on every point.
+The ``geometric`` feature (35 multi-scale eigenvalue and local-height channels,
+:mod:`sciformer.data.pointcloud.geometric`) is computed once per whole file, before any
+grid sampling or crop, and cached under ``$SCIFORMER_CACHE``; prediction computes it on
+the new file with the parameters the checkpoint recorded.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
+from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.export import POINT_OUTPUTS, write_point_predictions
+from sciformer.data.pointcloud.geometric import features_as_recorded, geometric_features, geometric_state
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
 from sciformer.data.pointcloud.predict_file import (
     predict_cloud,
@@ -63,7 +69,7 @@ from sciformer.data.transforms import (
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
 
-_FEATURES = ["coord", "colour", "intensity", "normal", "height"]
+_FEATURES = ["coord", "colour", "intensity", "normal", "height", "geometric"]
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
     {"name": "random_rotate", "axis": "z", "angle": [-180, 180]},
     {"name": "random_flip", "axes": ["x"], "p": 0.5},
@@ -199,10 +205,11 @@ def point_sample(data: dict[str, np.ndarray]) -> Sample:
 class SceneFiles(SceneSource):
     """Labelled scene files read on access (a few kept in memory); invalid points dropped."""
 
-    def __init__(self, paths: list[Path], cfg: PointScenesConfig, features: list[str]) -> None:
+    def __init__(self, paths: list[Path], cfg: PointScenesConfig, features: list[str], cache_dir: Path) -> None:
         self.paths = paths
         self.cfg = cfg
         self.features = features
+        self.cache_dir = cache_dir
         self.table = class_table(cfg.classes)
         self._cache: OrderedDict[int, Sample] = OrderedDict()
 
@@ -236,10 +243,21 @@ class SceneFiles(SceneSource):
             sample = index_points(sample, np.flatnonzero(ok))
         if len(sample["coord"]) == 0:
             raise DataError(f"{path}: no point with finite coordinates")
+        if "geometric" in self.features:
+            sample["geometric"] = self._geometric(index, sample["coord"])  # (n, 35)
         self._cache[index] = sample
         while len(self._cache) > 3:
             self._cache.popitem(last=False)
         return sample
+
+
+    def _geometric(self, index: int, coord: np.ndarray) -> np.ndarray:
+        """The file's geometric features over its usable points (n, 35), computed once into the cache."""
+        state = geometric_state()
+        folder = self.cache_dir / cache_key("scene-geometric", file_identity(self.paths[index]), self.cfg.columns, state)
+        if not (folder / "meta.json").is_file():
+            save_arrays_atomic(folder, {"geometric": geometric_features(coord)}, {"file": str(self.paths[index]), **state})
+        return np.asarray(load_arrays(folder, ["geometric"], mmap=False)["geometric"])
 
 
 class SceneCropDataset(SceneCrops):
@@ -247,7 +265,7 @@ class SceneCropDataset(SceneCrops):
 
     def __init__(self, files: SceneFiles, cfg: PointScenesConfig, features: list[str], transform: Compose, seed: int) -> None:
         super().__init__(len(files), cfg.loop, cfg.grid_size, "min", features, transform, seed)
-        self.files = files
+        self.files = self.source = files  # source: the whole training files (SceneSource)
         self.cfg = cfg
         self._crop = SphereCrop(cfg.crop_points, mode="random") if cfg.crop_points else None
 
@@ -285,6 +303,8 @@ def predict_point_scenes_file(
     data = read_cloud(input_path, options.columns or state.get("columns"))
     require_features(input_path, data, features)
     sample = point_sample(data)
+    if "geometric" in features:
+        sample["geometric"] = features_as_recorded(sample["coord"], state_value(state, "geometric", "point_scenes"))
     label_files = state.get("label_files")
     raw = data.get("label")
     if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():
@@ -319,7 +339,7 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
     table = class_table(cfg.classes)
     features = list(cfg.features)
     columns = cfg.columns if isinstance(cfg.columns, str) or cfg.columns is None else ",".join(cfg.columns)
-    files = {s: SceneFiles(ps, cfg, features) for s, ps in paths.items()}
+    files = {s: SceneFiles(ps, cfg, features, ctx.cache_dir / "point_scenes") for s, ps in paths.items()}
     splits, transforms = scene_datasets(
         cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: SceneCropDataset(files["train"], cfg, features, tf, ctx.seed),
         files.__getitem__, features=features, part_z="min", seed=ctx.seed,
@@ -342,4 +362,6 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
     state = {"classes": table, "unmapped": cfg.unmapped, "features": features, "grid_size": cfg.grid_size,
              "eval_max_points": cfg.eval_max_points, "columns": columns,
              "label_files": list(cfg.label_files) if cfg.label_files else None}
+    if "geometric" in features:
+        state["geometric"] = protocol["geometric"] = geometric_state()
     return SceneSegmentationTask(info, splits, protocol=protocol, state=state)

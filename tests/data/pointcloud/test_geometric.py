@@ -136,3 +136,16 @@ def _save(state: dict, tmp_path: Path) -> Path:
     path = tmp_path / "state.pt"
     torch.save(state, path)
     return path
+
+
+def test_local_ground_memory_follows_points_not_extent() -> None:
+    """An outlier 10^30 m away (a corrupt LAS record) neither allocates a grid over the extent
+    nor, beyond the cloud's lower corner (the grid's origin), changes the other points' local
+    ground (oracle: the cloud without it); one below the corner still gives finite heights."""
+    rng = np.random.default_rng(3)
+    coord = rng.uniform(0, 60, size=(2000, 3)) * [1, 1, 0.1]
+    far = np.vstack([coord, [[1e30, 3e38, 4.0]]])
+    h = geometric.height_above_local_min(far, 5.0)
+    np.testing.assert_array_equal(h[:-1], geometric.height_above_local_min(coord, 5.0))
+    assert h[-1] == 0.0  # alone in its cell: its own ground
+    assert np.isfinite(geometric.height_above_local_min(np.vstack([coord, [[-1e30, -3e38, 4.0]]]), 5.0)).all()

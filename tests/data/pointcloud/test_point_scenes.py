@@ -138,3 +138,53 @@ def test_text_table_nan_rows_kept_for_prediction(tmp_path: Path) -> None:
         read_point_file(path)
     data = read_point_file(path, keep_invalid=True)
     assert data["coord"].shape == (3, 3) and np.isnan(data["coord"][1]).all()
+
+
+def test_geometric_feature_rows_cache_and_predict(tmp_path: Path, ctx: BuildContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``geometric`` on point_scenes: the rows of the whole file (oracle: geometric_features on the
+    file's usable points), cached per file, and recomputed identically by the predictor, where a
+    NaN point and a point beyond float32 get no data and leave the others' features unchanged."""
+    import torch
+
+    from sciformer.data.pointcloud import geometric
+
+    rng = np.random.default_rng(5)
+    coord = rng.uniform(0, 20, size=(900, 3)) * [1, 1, 0.2]
+    label = (coord[:, 2] > 2).astype(np.int64)
+    for name in ("a", "b"):
+        np.save(tmp_path / f"{name}.npy", np.column_stack([coord, label]))
+    cfg = PointScenesConfig(root=str(tmp_path), train_files=["a.npy"], val_files=["b.npy"], classes=["low", "high"],
+                            columns=["x", "y", "z", "label"], features=["geometric"], eval_max_points=500)
+    task = build_point_scenes(cfg, ctx)
+    assert task.info.in_channels == geometric.channels() == 35
+    state = task.state()
+    assert state["geometric"] == geometric.geometric_state()
+    whole = geometric.geometric_features(coord)
+    files = task.dataset("train").source
+    np.testing.assert_array_equal(files.load(0)["geometric"], whole)
+    assert task.dataset("train")[0]["feat"].shape[1] == 35
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("recomputed instead of read from the cache")
+
+    monkeypatch.setattr("sciformer.data.pointcloud.point_scenes.geometric_features", refuse)
+    np.testing.assert_array_equal(build_point_scenes(cfg, ctx).dataset("train").source.load(0)["geometric"], whole)
+    monkeypatch.undo()
+
+    def oracle(batch: dict[str, torch.Tensor]) -> torch.Tensor:  # scores read off two geometric channels
+        return batch["feat"][:, [33, 34]] * torch.tensor([-1.0, 1.0])  # (N, 2)
+
+    bad = coord.copy()
+    bad[7] = np.nan
+    bad[8] = [1e300, 0.0, 0.0]  # finite in float64, not in float32: not a usable point
+    np.save(tmp_path / "c.npy", np.column_stack([bad, label]))
+    saved = {**state, "class_names": ["low", "high"]}
+    out = np.load(predict_point_scenes_file(cfg, saved, oracle, tmp_path / "c.npy", tmp_path / "c_pred.npy", 4))
+    keep = np.setdiff1d(np.arange(900), [7, 8])
+    rows = geometric.geometric_features(coord[keep])
+    expected = np.where(rows[:, 34] > -rows[:, 33], 1, 0)
+    assert out[7] == out[8] == -1
+    np.testing.assert_array_equal(out[keep], expected)
+    with pytest.raises(DataError, match="geometric features of version 0"):
+        predict_point_scenes_file(cfg, {**saved, "geometric": {**saved["geometric"], "version": 0}}, oracle,
+                                  tmp_path / "c.npy", tmp_path / "d.npy", 4)
