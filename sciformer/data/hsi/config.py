@@ -79,12 +79,19 @@ class SplitConfig(BaseModel):
 
 
 class AugmentConfig(BaseModel):
-    """Random flips / 90-degree rotations of training patches."""
+    """Training-patch augmentation: random flips / 90-degree rotations (on by default) and
+    two spectral ones (off by default): ``illumination`` multiplies each patch's raw
+    spectra by one factor drawn uniformly from [1 - a, 1 + a] (a brighter or darker scene,
+    applied exactly through the affine normalisation), ``noise`` adds Gaussian noise of
+    that standard deviation in normalised units (for standardised bands: a fraction of
+    each band's spread)."""
 
     model_config = ConfigDict(extra="forbid")
 
     flip: bool = True
     rotate: bool = True
+    illumination: float = Field(0.0, ge=0.0, lt=1.0)
+    noise: float = Field(0.0, ge=0.0, le=10.0)
 
 
 class HSISceneConfig(BaseModel):
@@ -140,7 +147,7 @@ class HSISceneConfig(BaseModel):
     @classmethod
     def _augment_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):
-            return {"flip": v, "rotate": v}
+            return {"flip": v, "rotate": v}  # spectral augmentation stays at its default (off)
         return v
 
     @property

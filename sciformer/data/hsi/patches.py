@@ -87,6 +87,10 @@ class PatchDataset(Dataset):
         targets: (n,) int64 class ids (0-based).
         patch_size: odd window size p.
         flip, rotate: random flips / 90-degree rotations (training augmentation).
+        illumination: each patch's raw spectra times one factor s drawn from
+            [1 - illumination, 1 + illumination]; in normalised units (any affine
+            normalisation ``f``) ``f(s x) = s f(x) + (1 - s) f(0)``, so ``zero`` = f(0) (C,) is needed.
+        noise: standard deviation of Gaussian noise added to every value (normalised units).
     """
 
     def __init__(
@@ -98,6 +102,9 @@ class PatchDataset(Dataset):
         *,
         flip: bool = False,
         rotate: bool = False,
+        illumination: float = 0.0,
+        noise: float = 0.0,
+        zero: np.ndarray | torch.Tensor | None = None,
         return_coords: bool = False,
     ) -> None:
         _, h, w = _check_padded(padded, patch_size)
@@ -114,6 +121,11 @@ class PatchDataset(Dataset):
         self.patch_size = int(patch_size)
         self.flip = bool(flip)
         self.rotate = bool(rotate)
+        self.illumination = float(illumination)
+        self.noise = float(noise)
+        if self.illumination and zero is None:
+            raise DataError("PatchDataset: illumination augmentation needs the normalised zero spectrum (zero=)")
+        self.zero = None if zero is None else torch.as_tensor(np.asarray(zero), dtype=torch.float32).reshape(-1, 1, 1)  # (C, 1, 1)
         self.return_coords = bool(return_coords)
 
     def __len__(self) -> int:
@@ -125,6 +137,11 @@ class PatchDataset(Dataset):
         patch = self.padded[:, i : i + p, j : j + p]  # (B, p, p) view
         if self.flip or self.rotate:
             patch = augment_patch(patch, flip=self.flip, rotate=self.rotate)
+        if self.illumination:
+            s = 1.0 + self.illumination * (2.0 * float(torch.rand(())) - 1.0)
+            patch = s * patch + (1.0 - s) * self.zero  # (C, p, p)
+        if self.noise:
+            patch = patch + self.noise * torch.randn(patch.shape)  # (C, p, p)
         item: dict[str, Any] = {"patch": patch.clone(), "target": self.targets[index]}
         if self.return_coords:
             item["coord"] = self.coords[index]
@@ -133,6 +150,7 @@ class PatchDataset(Dataset):
     def __repr__(self) -> str:
         b = self.padded.shape[0]
         aug = [n for n, on in (("flip", self.flip), ("rotate", self.rotate)) if on]
+        aug += [f"{n}={v:g}" for n, v in (("illumination", self.illumination), ("noise", self.noise)) if v]
         return (
             f"PatchDataset(n={len(self)}, bands={b}, patch_size={self.patch_size}, "
             f"augment={'+'.join(aug) or 'none'})"

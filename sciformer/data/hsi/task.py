@@ -16,6 +16,7 @@ An experiment's ``data:`` section (every key optional; shown with its default)::
       normalise: standard         # standard | minmax | none, fitted on training pixels
       pca_components: null        # e.g. 30; PCA fitted on training pixels
       augment: {flip: true, rotate: true}   # training patches only; `augment: false` turns both off
+                                  #   also illumination: 0.1 (raw spectra x U[0.9, 1.1] per patch), noise: 0.05
       split:
         kind: blocks              # fixed | stratified | blocks
         block_size: 12            # blocks: square tiles, ~train_fraction of each class to train
@@ -207,8 +208,10 @@ class HSISceneTask(TaskData):
             coords = np.stack([rows, cols], axis=1)  # (n, 2)
             targets = label_map[rows, cols] - 1  # (n,) 0-based
             aug = self.cfg.augment if split == "train" else AugmentConfig(flip=False, rotate=False)
+            zero = self.normalizer.transform(np.zeros((1, self.facts.bands), dtype=np.float32))[0] if aug.illumination else None
             self._datasets[split] = PatchDataset(
-                self.padded, coords, targets, self.cfg.patch_size, flip=aug.flip, rotate=aug.rotate
+                self.padded, coords, targets, self.cfg.patch_size, flip=aug.flip, rotate=aug.rotate,
+                illumination=aug.illumination, noise=aug.noise, zero=zero,
             )
         return self._datasets[split]
 
@@ -254,7 +257,7 @@ class HSISceneTask(TaskData):
                 "in_channels": self.info.in_channels,
                 "patch_size": self.cfg.patch_size,
                 "padding": self.cfg.padding,
-                "augment": {"flip": self.cfg.augment.flip, "rotate": self.cfg.augment.rotate},
+                "augment": self.cfg.augment.model_dump(),
             }
         )
 

@@ -306,3 +306,43 @@ def test_module_docstring_defaults_match_config():
     doc = hsi_task.__doc__
     cfg = HSISceneConfig()
     assert f"block_size: {cfg.split.block_size}" in doc and f"patch_size: {cfg.patch_size}" in doc
+
+
+@pytest.mark.parametrize("normalise, pca", [("standard", None), ("minmax", None), ("standard", 4)])
+def test_illumination_augmentation_is_a_scaled_raw_spectrum(scene_dir, normalise, pca):
+    """illumination: a training patch equals the normaliser applied to the raw patch times the
+    drawn factor (oracle: transform of the scaled raw cube), for every affine normalisation."""
+    tmp_path, cube, _, _ = scene_dir
+    task = build(tmp_path, normalise=normalise, pca_components=pca, split={"kind": "stratified", "train_per_class": 5},
+                 augment={"flip": False, "rotate": False, "illumination": 0.3})
+    train = task.dataset("train")
+    r = task.cfg.patch_size // 2
+    padded_raw = np.pad(cube, ((r, r), (r, r), (0, 0)), mode="reflect")  # (H + 2r, W + 2r, B) raw spectra
+    factors = []
+    for index in (0, 3, 7):
+        torch.manual_seed(11 + index)
+        item = train[index]
+        torch.manual_seed(11 + index)
+        s = 1.0 + 0.3 * (2.0 * float(torch.rand(())) - 1.0)  # the factor the item drew
+        i, j = (int(v) for v in train.coords[index])
+        raw = padded_raw[i : i + 2 * r + 1, j : j + 2 * r + 1]  # (p, p, B)
+        expected = task.normalizer.transform(s * raw).transpose(2, 0, 1)  # (C, p, p)
+        np.testing.assert_allclose(item["patch"].numpy(), expected, rtol=1e-4, atol=1e-4)
+        factors.append(s)
+    assert len(set(factors)) == 3 and all(0.7 <= s <= 1.3 for s in factors)
+    assert not hasattr(task.dataset("val"), "zero") or task.dataset("val").illumination == 0.0
+
+
+def test_noise_augmentation_spread_and_eval_untouched(scene_dir):
+    """noise: residuals against the clean patch have the configured standard deviation
+    (oracle: the sample std over many values); validation patches are never augmented."""
+    tmp_path, _, _, _ = scene_dir
+    split = {"kind": "stratified", "train_per_class": 8, "val_per_class": 2}
+    clean = build(tmp_path, split=split, augment=False).dataset("train")
+    noisy = build(tmp_path, split=split, augment={"flip": False, "rotate": False, "noise": 0.2}).dataset("train")
+    residual = torch.cat([(noisy[k]["patch"] - clean[k]["patch"]).reshape(-1) for k in range(len(clean))])
+    assert residual.numel() > 5000 and abs(float(residual.std()) - 0.2) < 0.01 and abs(float(residual.mean())) < 0.01
+    val = build(tmp_path, split=split, augment={"noise": 0.2, "illumination": 0.2}).dataset("val")
+    ref = build(tmp_path, split=split, augment=False).dataset("val")
+    assert torch.equal(val[0]["patch"], ref[0]["patch"])
+    assert "illumination=0.2" in repr(build(tmp_path, split=split, augment={"illumination": 0.2}).dataset("train"))
