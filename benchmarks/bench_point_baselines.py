@@ -106,7 +106,8 @@ def run_scores(path: Path, class_names: list[str]) -> dict[str, Any]:
 def summary(name: str, rows: list[dict[str, Any]], class_names: list[str]) -> str:
     def ms(values: list[float]) -> str:
         v = np.array(values, dtype=np.float64)
-        return f"{np.nanmean(v):5.1f} +- {np.nanstd(v):4.1f}"
+        v = v[np.isfinite(v)]  # a class without points or predictions in a run has no IoU there
+        return f"{v.mean():5.1f} +- {v.std():4.1f}" if len(v) else "-"
 
     cells = [ms([r["miou"] for r in rows]), ms([r["oa"] for r in rows])]
     cells += [ms([r["iou"][c] for r in rows]) for c in range(len(class_names))]

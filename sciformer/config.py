@@ -21,7 +21,7 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -104,6 +104,10 @@ class TrainConfig(Section):
     grad_clip: float | None = Field(None, gt=0)
     amp: Literal["none", "bf16", "fp16"] = "none"  # fp16 only on CUDA
     label_smoothing: float = Field(0.0, ge=0, lt=1)
+    # cross-entropy weight per class: none; inverse_sqrt (1 / sqrt(class frequency) over the training
+    # labels, scaled so that the average training label weighs 1; rare classes count more); or one
+    # number per class
+    class_weights: Literal["none", "inverse_sqrt"] | list[Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]] = "none"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_workers: int = Field(0, ge=0, le=256)
     threads: int | None = Field(None, ge=1, le=4096, description=(  # torch intra-op threads

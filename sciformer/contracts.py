@@ -200,6 +200,11 @@ class TaskData(ABC):
         """Protocol facts printed with results and stored in ``metrics.json``."""
         return {}
 
+    def class_counts(self) -> list[int] | None:
+        """Labelled training targets (points, pixels, shapes) per class, for class-balanced
+        losses (``train.class_weights: inverse_sqrt``); None where the task cannot count them."""
+        return None
+
     def state(self) -> dict[str, Any]:
         """Fitted preprocessing state stored in checkpoints (weights_only-safe types)."""
         return {}

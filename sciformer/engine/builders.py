@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sciformer.config import Experiment, OptimizerConfig, ScheduleConfig
+from sciformer.config import Experiment, OptimizerConfig, ScheduleConfig, TrainConfig
 from sciformer.contracts import BuildContext, DataInfo, TaskData
 from sciformer.errors import ConfigError
 from sciformer.registry import DATASETS, MODELS
@@ -40,6 +40,29 @@ def data_info_from_dict(raw: dict[str, Any]) -> DataInfo:
     legacy = raw.get("extras") or {}
     optional = {k: v for k, v in {**legacy, **raw}.items() if k in known}
     return DataInfo(int(raw["num_classes"]), list(raw["class_names"]), int(raw["in_channels"]), **optional)
+
+
+def build_loss(train: TrainConfig, task: TaskData) -> nn.CrossEntropyLoss:
+    """The training loss: cross-entropy with the task's ignore index, ``train.label_smoothing``
+    and ``train.class_weights`` (``inverse_sqrt``: w_c = 1 / sqrt(n_c / n) over the task's
+    training counts, classes without a training label 0, scaled so that sum_c n_c w_c = n)."""
+    spec, num_classes = train.class_weights, task.info.num_classes
+    weight = None
+    if isinstance(spec, list):
+        if len(spec) != num_classes:
+            raise ConfigError(f"train.class_weights: {len(spec)} weights for {num_classes} classes")
+        weight = torch.tensor(spec, dtype=torch.float32)  # (K,)
+    elif spec == "inverse_sqrt":
+        counts = task.class_counts()
+        if counts is None:
+            raise ConfigError("train.class_weights: inverse_sqrt needs training label counts, which this dataset "
+                              "does not provide; give one weight per class instead")
+        n = torch.tensor([float(c) for c in counts], dtype=torch.float64)  # (K,)
+        if len(n) != num_classes or float(n.sum()) <= 0:
+            raise ConfigError(f"train.class_weights: the training split has no labelled target in {num_classes} classes")
+        w = torch.where(n > 0, (n.sum() / n.clamp_min(1.0)).sqrt(), torch.zeros_like(n))  # (K,)
+        weight = (w * n.sum() / (w * n).sum()).to(torch.float32)  # (K,) average training label weighs 1
+    return nn.CrossEntropyLoss(weight=weight, ignore_index=task.ignore_index, label_smoothing=train.label_smoothing)
 
 
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -121,7 +121,7 @@ class Trainer:
             if self.device.type == "cuda":
                 self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.loss_fn = nn.CrossEntropyLoss(ignore_index=self.task.ignore_index, label_smoothing=t.label_smoothing)
+        self.loss_fn = builders.build_loss(t, self.task).to(self.device)
         self.optimizer = builders.build_optimizer(self.cfg.optimizer, self.model)
         n_train = len(self.task.dataset("train"))
         if n_train < 2:

@@ -215,6 +215,11 @@ class HSISceneTask(TaskData):
             )
         return self._datasets[split]
 
+    def class_counts(self) -> list[int]:
+        """Training pixels per class."""
+        train = self.split.maps()["train"]  # (H, W) 1-based labels, 0 = not training
+        return [int(c) for c in np.bincount(train[train > 0] - 1, minlength=self.info.num_classes)[: self.info.num_classes]]
+
     def collate(self, items: list[dict[str, Any]]) -> Batch:
         batch: Batch = {
             "patch": torch.stack([it["patch"] for it in items]),  # (n, C, p, p)

@@ -306,6 +306,18 @@ class SceneSegmentationTask(PointTask):
         source = self._scene_source(split)
         return [source.name(i) for i in range(len(source))]
 
+    def class_counts(self) -> list[int] | None:
+        """Labelled points per class over every point of the whole training scenes (None when
+        the training dataset does not expose them as a ``source``)."""
+        source = getattr(self.dataset("train"), "source", None)
+        if not isinstance(source, SceneSource):
+            return None
+        counts = np.zeros(self.info.num_classes, dtype=np.int64)  # (K,)
+        for i in range(len(source)):
+            label = np.asarray(source.load(i)["label"]).reshape(-1)  # (n,)
+            counts += np.bincount(label[label >= 0], minlength=self.info.num_classes)[: self.info.num_classes]
+        return [int(c) for c in counts]
+
     def scene(self, split: str, index: int) -> Sample:
         """Scene ``index`` of ``split`` at full resolution: coord (n, 3) float64, label (n,), ..."""
         return self._scene_source(split).load(index)
