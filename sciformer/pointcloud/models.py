@@ -26,6 +26,7 @@ Input features are ``feat`` with the coordinates appended (``use_coord_as_featur
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -166,6 +167,9 @@ def input_channels(in_channels: int, use_coord: bool) -> int:
 
 
 # --------------------------------------------------------------------------- encoder
+MIN_BATCHNORM_POINTS = 8  # below this many points in a training batch, a stage's BatchNorm is unstable (measured: gradients of 1e8 and more)
+
+
 class EncoderStage(nn.Module):
     r"""Transition down (or grid pooling) then ``blocks`` Point Transformer blocks sharing one kNN index.
 
@@ -191,6 +195,11 @@ class EncoderStage(nn.Module):
     def forward(self, level: Level) -> tuple[Level, Tensor | None]:
         out = self.down(level)
         level = out[0] if isinstance(self.down, GridPoolDown) else out  # grid pooling also returns the voxel map
+        m = level.coord.shape[0]
+        if self.training and m < MIN_BATCHNORM_POINTS:
+            warnings.warn(f"a down-sampled stage keeps {m} points for the whole batch ({level.offset.numel()} clouds): "
+                          "BatchNorm statistics over so few points make gradients explode (the loss soon becomes NaN); "
+                          "use larger clouds or batches, or fewer / smaller model.strides", RuntimeWarning, stacklevel=2)
         if not len(self.blocks):
             return level, None
         idx = stage_neighbours(level.coord, level.offset, self.k)  # (M, k)

@@ -240,3 +240,22 @@ def test_config_errors_are_one_line_config_errors() -> None:
     entry = MODELS.get("point_transformer_cls")
     with pytest.raises(ConfigError, match="classification model"):
         entry.builder(entry.config(), DataInfo(3, ["a", "b", "c"], 0, task="segmentation"))
+
+
+@pytest.mark.parametrize("name", ["point_transformer_seg", "point_transformer_cls"])
+def test_tiny_stages_warn_before_batchnorm_explodes(name: str) -> None:
+    """A training batch whose deepest stage keeps fewer than 8 points (2 clouds of 24 points,
+    strides 1 / 4 / 2: 2 x 3 points) warns; in eval mode, or with 2 clouds of 64 points
+    (2 x 8 points there), it does not."""
+    torch.manual_seed(0)
+    model = build(name, 3)
+    tiny, fine = make_batch([24, 24], 3, per_point=name.endswith("_seg")), make_batch([64, 64], 3, per_point=name.endswith("_seg"))
+    with pytest.warns(RuntimeWarning, match="keeps 6 points for the whole batch"):
+        model.train()(tiny)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        model.train()(fine)
+        with torch.no_grad():
+            model.eval()(tiny)
