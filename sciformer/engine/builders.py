@@ -52,6 +52,8 @@ def build_loss(train: TrainConfig, task: TaskData) -> nn.CrossEntropyLoss:
         if len(spec) != num_classes:
             raise ConfigError(f"train.class_weights: {len(spec)} weights for {num_classes} classes")
         weight = torch.tensor(spec, dtype=torch.float32)  # (K,)
+        if not bool((weight > 0).any()):
+            raise ConfigError("train.class_weights: every weight is 0; at least one class must count")
     elif spec == "inverse_sqrt":
         counts = task.class_counts()
         if counts is None:

@@ -58,6 +58,8 @@ def test_explicit_weights_none_and_errors() -> None:
     assert build_loss(TrainConfig(), fake_task(None)).weight is None  # the default: unweighted
     with pytest.raises(ConfigError, match="3 weights for 4 classes"):
         build_loss(TrainConfig(class_weights=[1.0, 2.0, 3.0]), fake_task(None))
+    with pytest.raises(ConfigError, match="every weight is 0"):
+        build_loss(TrainConfig(class_weights=[0.0, 0.0, 0.0, 0.0]), fake_task(None))
     with pytest.raises(ConfigError, match="does not provide"):
         build_loss(TrainConfig(class_weights="inverse_sqrt"), fake_task(None))
     with pytest.raises(ConfigError, match="no labelled target"):
