@@ -24,10 +24,13 @@ sampling, so a crop and a prediction on the user's file see the same values.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
 from sciformer.errors import DataError
 from sciformer.geometry import knn
 
@@ -131,10 +134,25 @@ def geometric_state(scales: Sequence[int] = SCALES, cells: Sequence[float] = CEL
     return {"version": VERSION, "scales": [int(k) for k in scales], "cells": [float(c) for c in cells]}
 
 
-def features_as_recorded(coord: np.ndarray, recorded: dict[str, object]) -> np.ndarray:
+def cached_geometric_features(coord: np.ndarray, cache_root: Path, *identity: Any) -> np.ndarray:
+    """:func:`geometric_features` of a whole cloud, computed once into a folder of ``cache_root``
+    keyed by ``identity`` (the source file's identity) and the feature parameters.
+
+    Shapes: coord (n, 3) -> (n, channels()) float32 (memory-mapped).
+    """
+    state = geometric_state()
+    folder = cache_root / cache_key(*identity, state)
+    if not (folder / "meta.json").is_file():
+        save_arrays_atomic(folder, {"geometric": geometric_features(coord)}, {"source": [str(i) for i in identity], **state})
+    return load_arrays(folder, ["geometric"])["geometric"]
+
+
+def features_as_recorded(coord: np.ndarray, recorded: dict[str, object], usable: np.ndarray | None = None) -> np.ndarray:
     """Geometric features of a file's points as a checkpoint recorded them (:func:`geometric_state`):
-    computed over the points whose coordinates are finite in float32 (the rule every reader
-    uses for a usable point), 0 for the others. A checkpoint of another :data:`VERSION` is a
+    computed over the ``usable`` points (default: those whose coordinates are finite in
+    float32, the rule every reader uses; a dataset that also drops points with an invalid
+    feature passes its own mask, so that prediction sees the neighbourhoods training saw),
+    0 for the others. A checkpoint of another :data:`VERSION` is a
     one-line DataError.
 
     Shapes: coord (n, 3) -> (n, channels(recorded scales, recorded cells)) float32.
@@ -145,8 +163,9 @@ def features_as_recorded(coord: np.ndarray, recorded: dict[str, object]) -> np.n
     scales = [int(k) for k in recorded["scales"]]  # type: ignore[union-attr]
     cells = [float(c) for c in recorded["cells"]]  # type: ignore[union-attr]
     coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
-    with np.errstate(invalid="ignore"):
-        usable = np.all(np.abs(coord) <= float(np.finfo(np.float32).max), axis=1)  # (n,) False for NaN / Inf
+    if usable is None:
+        with np.errstate(invalid="ignore"):
+            usable = np.all(np.abs(coord) <= float(np.finfo(np.float32).max), axis=1)  # (n,) False for NaN / Inf
     out = np.zeros((len(coord), channels(scales, cells)), dtype=np.float32)  # (n, F)
     if usable.any():
         out[usable] = geometric_features(coord[usable], scales, cells)

@@ -61,7 +61,7 @@ from sciformer.data.pointcloud.export import (
     asprs_codes_from_table,
     write_point_predictions,
 )
-from sciformer.data.pointcloud.geometric import features_as_recorded, geometric_features, geometric_state
+from sciformer.data.pointcloud.geometric import cached_geometric_features, features_as_recorded, geometric_state
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
 from sciformer.data.pointcloud.point_scenes import check_classes
 from sciformer.data.pointcloud.predict_file import (
@@ -207,17 +207,8 @@ class LasTiles(SceneSource):
             self._p99[index] = float(json.loads((folder / "meta.json").read_text())["intensity_p99"])
         arrays = load_arrays(folder, ["coord", "code", "intensity", "colour"])
         if self.geometric:
-            arrays["geometric"] = self._geometric(index, arrays["coord"])
+            arrays["geometric"] = cached_geometric_features(np.asarray(arrays["coord"]), self.cache_dir, "las-geometric", self._keys[index])  # (n, 35)
         return arrays
-
-    def _geometric(self, index: int, coord: np.ndarray) -> np.ndarray:
-        """The tile's geometric features (n, 35), computed once into the cache."""
-        state = geometric_state()
-        folder = self.cache_dir / cache_key("las-geometric", self._keys[index], state)
-        if not (folder / "meta.json").is_file():
-            save_arrays_atomic(folder, {"geometric": geometric_features(np.asarray(coord))},
-                               {"file": str(self.paths[index]), **state})
-        return load_arrays(folder, ["geometric"])["geometric"]
 
     def sample(self, index: int, arrays: dict[str, np.ndarray], rows: np.ndarray | None = None) -> Sample:
         """A sample of ``rows`` (all when None): coord float64, label, intensity, colour."""

@@ -40,9 +40,9 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
-from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.cache import file_identity
 from sciformer.data.pointcloud.export import POINT_OUTPUTS, write_point_predictions
-from sciformer.data.pointcloud.geometric import features_as_recorded, geometric_features, geometric_state
+from sciformer.data.pointcloud.geometric import cached_geometric_features, features_as_recorded, geometric_state
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
 from sciformer.data.pointcloud.predict_file import (
     predict_cloud,
@@ -244,20 +244,13 @@ class SceneFiles(SceneSource):
         if len(sample["coord"]) == 0:
             raise DataError(f"{path}: no point with finite coordinates")
         if "geometric" in self.features:
-            sample["geometric"] = self._geometric(index, sample["coord"])  # (n, 35)
+            sample["geometric"] = cached_geometric_features(  # (n, 35) over the usable points
+                sample["coord"], self.cache_dir, "scene-geometric", file_identity(path), self.cfg.columns)
         self._cache[index] = sample
         while len(self._cache) > 3:
             self._cache.popitem(last=False)
         return sample
 
-
-    def _geometric(self, index: int, coord: np.ndarray) -> np.ndarray:
-        """The file's geometric features over its usable points (n, 35), computed once into the cache."""
-        state = geometric_state()
-        folder = self.cache_dir / cache_key("scene-geometric", file_identity(self.paths[index]), self.cfg.columns, state)
-        if not (folder / "meta.json").is_file():
-            save_arrays_atomic(folder, {"geometric": geometric_features(coord)}, {"file": str(self.paths[index]), **state})
-        return np.asarray(load_arrays(folder, ["geometric"], mmap=False)["geometric"])
 
 
 class SceneCropDataset(SceneCrops):
@@ -304,7 +297,8 @@ def predict_point_scenes_file(
     require_features(input_path, data, features)
     sample = point_sample(data)
     if "geometric" in features:
-        sample["geometric"] = features_as_recorded(sample["coord"], state_value(state, "geometric", "point_scenes"))
+        sample["geometric"] = features_as_recorded(sample["coord"], state_value(state, "geometric", "point_scenes"),
+                                                   usable=valid_points(sample, features))  # the points training keeps
     label_files = state.get("label_files")
     raw = data.get("label")
     if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():

@@ -120,7 +120,7 @@ def test_las_tiles_geometric_rows_cache_and_predict(root: Path, ctx: BuildContex
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("recomputed instead of read from the cache")
 
-    monkeypatch.setattr("sciformer.data.pointcloud.lidar.geometric_features", refuse)
+    monkeypatch.setattr("sciformer.data.pointcloud.geometric.geometric_features", refuse)
     build_las_tiles(cfg, ctx).dataset("test").source.load(0)  # cached per tile
     monkeypatch.undo()
 
@@ -149,3 +149,16 @@ def test_local_ground_memory_follows_points_not_extent() -> None:
     np.testing.assert_array_equal(h[:-1], geometric.height_above_local_min(coord, 5.0))
     assert h[-1] == 0.0  # alone in its cell: its own ground
     assert np.isfinite(geometric.height_above_local_min(np.vstack([coord, [[-1e30, -3e38, 4.0]]]), 5.0)).all()
+
+
+def test_features_as_recorded_over_a_given_mask() -> None:
+    """A dataset's own usable-point mask (e.g. points with a NaN intensity dropped in training)
+    decides which points the neighbourhoods see; the others get 0 (oracle: the features of
+    the masked cloud alone)."""
+    rng = np.random.default_rng(4)
+    coord = rng.uniform(0, 30, size=(400, 3))
+    usable = np.ones(400, dtype=bool)
+    usable[[3, 77, 200]] = False
+    out = geometric.features_as_recorded(coord, geometric.geometric_state(), usable=usable)
+    np.testing.assert_array_equal(out[usable], geometric.geometric_features(coord[usable]))
+    assert not out[~usable].any()

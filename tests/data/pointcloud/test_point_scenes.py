@@ -167,7 +167,7 @@ def test_geometric_feature_rows_cache_and_predict(tmp_path: Path, ctx: BuildCont
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("recomputed instead of read from the cache")
 
-    monkeypatch.setattr("sciformer.data.pointcloud.point_scenes.geometric_features", refuse)
+    monkeypatch.setattr("sciformer.data.pointcloud.geometric.geometric_features", refuse)
     np.testing.assert_array_equal(build_point_scenes(cfg, ctx).dataset("train").source.load(0)["geometric"], whole)
     monkeypatch.undo()
 
