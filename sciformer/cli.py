@@ -114,8 +114,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
+    from sciformer.engine.evaluation import evaluate_and_export
     from sciformer.engine.inference import check_split_not_empty, load_for_inference, predictor_state
-    from sciformer.engine.trainer import evaluate_and_export
     from sciformer.engine.weights import check_data_fits
 
     exp, state, model, device = load_for_inference(args.checkpoint, overrides)
@@ -265,8 +265,13 @@ COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # a signal while the parser is built (a second or more on a loaded machine) is one line too
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        _quiet_signals()
+        _emit("sciformer: interrupted")
+        return _interrupted_exit()
     if args.command is None:
         parser.print_help()
         return 2
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _quiet_signals()
         _report(args.command, "interrupted")
-        return 130
+        return _interrupted_exit()
     except (OSError, MemoryError) as exc:  # full disk, unwritable folder, an allocation the data asked for
         if os.environ.get("SCIFORMER_DEBUG"):
             raise
@@ -312,6 +317,26 @@ def _emit(line: str) -> None:
     if len(line) > MAX_MESSAGE:
         line = line[: MAX_MESSAGE - 16] + " ... (truncated)"
     print(line, file=sys.stderr)
+
+
+def _interrupted_exit() -> int:
+    """Exit code 130 after a KeyboardInterrupt that was handled.
+
+    When the command is the process, it ends here with ``os._exit`` after the exit handlers
+    ran: CPython remembers a KeyboardInterrupt that passed through code it ran with
+    ``PyRun_*`` (pybind11's ``exec`` during ``import torch`` does), even when it was caught
+    later, and then ends the process by SIGINT (status -2) instead of the code returned."""
+    if Path(sys.argv[0]).name not in ENTRY_POINTS:  # a test or a script calling main()
+        return 130
+    import atexit
+
+    atexit._run_exitfuncs()  # what a normal exit runs: logging shutdown, temporary folders
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 def _quiet_signals() -> None:

@@ -108,6 +108,9 @@ class TrainConfig(Section):
     # labels, scaled so that the average training label weighs 1; rare classes count more); or one
     # number per class
     class_weights: Literal["none", "inverse_sqrt"] | list[Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]] = "none"
+    # exponential moving average of the weights (decay d, e.g. 0.999): validation, best.pt and the test
+    # use the average, training continues from the raw weights (sciformer.engine.ema); null: off
+    ema: float | None = Field(None, gt=0, lt=1)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_workers: int = Field(0, ge=0, le=256)
     threads: int | None = Field(None, ge=1, le=4096, description=(  # torch intra-op threads

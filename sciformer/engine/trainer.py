@@ -19,6 +19,7 @@ import io
 import json
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,16 +28,16 @@ import torch
 from torch import nn
 
 from sciformer.config import Experiment
-from sciformer.contracts import TaskData
 from sciformer.engine import builders
 from sciformer.engine.batching import EpochBatchSampler, make_loader
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
-from sciformer.engine.distributed import DistContext, init_distributed
-from sciformer.engine.inference import check_split_not_empty, predict_fn
+from sciformer.engine.distributed import init_distributed
+from sciformer.engine.ema import WeightAverage
+from sciformer.engine.evaluation import evaluate_and_export, reduce_evaluation
+from sciformer.engine.inference import check_split_not_empty
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
-from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, check_monitor, format_table, label_scorer
+from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
-from sciformer.engine.report import write_evaluation
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
 from sciformer.engine.runtime import (
     apply_threads,
@@ -60,16 +61,6 @@ class RunResult:
     run_dir: Path
     test: dict[str, Any]
     best_epoch: int
-
-
-def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
-    """Sum confusion matrices and losses over ranks; returns scores and mean loss."""
-    if dist.enabled:
-        for tensor in confusion.sums():  # the confusion matrix and, for part segmentation, the shape IoUs
-            dist.all_reduce_sum(tensor)
-        totals = dist.all_reduce_sum(torch.tensor([loss_sum, float(count)], dtype=torch.float64))
-        loss_sum, count = float(totals[0]), int(totals[1])
-    return confusion.compute(), (loss_sum / count if count else float("nan"))
 
 
 class Trainer:
@@ -121,6 +112,7 @@ class Trainer:
             if self.device.type == "cuda":
                 self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.ema = WeightAverage(self.model, t.ema) if t.ema is not None else None  # train.ema: validation, best.pt and the test use the average
         self.loss_fn = builders.build_loss(t, self.task).to(self.device)
         self.optimizer = builders.build_optimizer(self.cfg.optimizer, self.model)
         n_train = len(self.task.dataset("train"))
@@ -155,6 +147,7 @@ class Trainer:
             "best": dict(self.best),
             "history": list(self.history),
             "init_from": self.init_from,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -175,6 +168,11 @@ class Trainer:
                 lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
                 detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
                 raise CheckpointError(f"checkpoint '{where}': its {name} state does not match this run ({detail[:200]})") from None
+        if self.ema is not None:
+            if not state.get("ema"):
+                raise CheckpointError(f"checkpoint '{where}': it was written without train.ema, so the weight average cannot continue; "
+                                      "resume without train.ema, or start a new run")
+            self.ema.load_state_dict(state["ema"], where)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.step_in_epoch, self.global_step = pos["epoch"], pos["step_in_epoch"], pos["global_step"]
@@ -269,18 +267,19 @@ class Trainer:
                 self.partial = (0.0, 0)
                 row: dict[str, Any] = {"epoch": self.epoch, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss_sum / max(count, 1)}
                 stop_early = False
-                if self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs):
-                    scores, val_loss = self._evaluate("val")
-                    row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in scores.summary().items()})
-                    value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
-                    if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss
-                        self.best.update(value=float(value), epoch=self.epoch, loss=float(val_loss))
+                with self._averaged():  # train.ema: the average is validated and becomes best.pt's model
+                    if self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs):
+                        scores, val_loss = self._evaluate("val")
+                        row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in scores.summary().items()})
+                        value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
+                        if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss
+                            self.best.update(value=float(value), epoch=self.epoch, loss=float(val_loss))
+                            self._save("best.pt")
+                        elif t.early_stop_patience and (self.epoch - self.best["epoch"]) >= t.early_stop_patience * t.val_every:
+                            stop_early = True
+                    elif not self.has_val:
+                        self.best.update(value=None, epoch=self.epoch)
                         self._save("best.pt")
-                    elif t.early_stop_patience and (self.epoch - self.best["epoch"]) >= t.early_stop_patience * t.val_every:
-                        stop_early = True
-                elif not self.has_val:
-                    self.best.update(value=None, epoch=self.epoch)
-                    self._save("best.pt")
                 row["epoch_time_s"] = round(time.perf_counter() - start, 3)
                 self.history.append(row)
                 self._write_metrics_csv()
@@ -313,6 +312,8 @@ class Trainer:
 
         def on_step(loss_sum: float, count: int) -> None:
             self._check_finite()
+            if self.ema is not None:
+                self.ema.update(self.model)
             self.step_in_epoch += 1
             self.global_step += 1
             self.partial = (base_sum + loss_sum, base_count + count)
@@ -330,6 +331,10 @@ class Trainer:
                     before_step=before_step, reduce_step=reduce_step, world_size=world)
         self.noise.end()
         return self._reduced(self.partial)
+
+    def _averaged(self) -> AbstractContextManager[None]:
+        """The model holds the weight average inside the block (train.ema), its own weights otherwise."""
+        return self.ema.applied(self.model) if self.ema is not None else nullcontext()
 
     def _check_finite(self) -> None:
         """Stop before a checkpoint can hold NaN or infinite weights."""
@@ -366,29 +371,6 @@ class Trainer:
                                      extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"]},
                                      log=self.log, dist=self.dist)
         return RunResult(self.run_dir, result, int(state["best"]["epoch"]))
-
-
-def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
-                        extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext()) -> dict[str, Any]:
-    """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
-    cfg = exp.cfg
-    split = cfg.evaluation.split
-    votes = cfg.evaluation.votes
-    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist, votes=votes)
-    start = time.perf_counter()
-    confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),
-                                          num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp,
-                                          parts=PartIoU.of(task.info, task.ignore_index))
-    scores, _ = reduce_evaluation(confusion, loss_sum, count, dist)
-    payload: dict[str, Any] = {}
-    if dist.is_main:
-        facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
-        facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split,
-                                             score=label_scorer(task.info.class_names, task.ignore_index)) or {})
-        payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
-        log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
-    dist.barrier()
-    return payload
 
 
 def _epoch_line(row: dict[str, Any], epochs: int) -> str:

@@ -2,7 +2,8 @@
 save), resume it, and end on the weights of an uninterrupted run, bit for bit.
 
 Augmentation (flips/rotations) and dropout plus stochastic depth are on: every random number
-of a step must be reproduced after the resume.
+of a step must be reproduced after the resume. The second case adds the spectral augmentations
+(illumination, noise) and the weight average (train.ema), which must continue exactly too.
 """
 
 import os
@@ -34,21 +35,28 @@ sys.exit(main())
 """
 
 
-def _experiment(tmp_path: Path) -> Path:
+# case -> (extra data lines, extra train lines)
+EXTRA = {"plain": ("", ""), "ema_spectral": ("  augment: {illumination: 0.2, noise: 0.1}\n", "  ema: 0.9\n")}
+
+
+def _experiment(tmp_path: Path, case: str = "plain") -> Path:
     rng = np.random.default_rng(1)
     h, w, bands, classes = 16, 16, 8, 3
     gt = (np.arange(h * w) % classes + 1).reshape(h, w)
     cube = rng.normal(size=(classes, bands))[gt - 1] * 2 + 0.5 * rng.normal(size=(h, w, bands))
     np.save(tmp_path / "cube.npy", cube.astype(np.float32))
     np.save(tmp_path / "gt.npy", gt.astype(np.int64))
+    data_extra, train_extra = EXTRA[case]
     cfg = tmp_path / "exp.yaml"
     cfg.write_text(
         "name: kill\n"
-        "data: {name: hsi_scene, source: cube.npy, label_path: gt.npy, patch_size: 3,\n"
-        "       split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}}\n"  # default augmentation: flips + rotations
-        "model: {name: spectralformer, dim: 16, depth: 1, num_heads: 2, group_size: 2, stride: 2, dropout: 0.2, drop_path: 0.2}\n"
-        "train: {epochs: 3, batch_size: 8, progress: never, threads: 1}\n"
-        "export: {png: false, envi: false}\n"
+        "data:\n  name: hsi_scene\n  source: cube.npy\n  label_path: gt.npy\n  patch_size: 3\n"
+        "  split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}\n"  # default augmentation: flips + rotations
+        + data_extra
+        + "model: {name: spectralformer, dim: 16, depth: 1, num_heads: 2, group_size: 2, stride: 2, dropout: 0.2, drop_path: 0.2}\n"
+        "train:\n  epochs: 3\n  batch_size: 8\n  progress: never\n  threads: 1\n"
+        + train_extra
+        + "export: {png: false, envi: false}\n"
     )
     return cfg
 
@@ -80,8 +88,9 @@ def _rows_without_time(run: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_anywhere_then_resume_matches_uninterrupted_bitwise(tmp_path: Path) -> None:
-    cfg = _experiment(tmp_path)
+@pytest.mark.parametrize("case", list(EXTRA))
+def test_sigkill_anywhere_then_resume_matches_uninterrupted_bitwise(tmp_path: Path, case: str) -> None:
+    cfg = _experiment(tmp_path, case)
     done = _train(["-c", str(cfg), "-o", "straight"], tmp_path)
     assert done.returncode == 0, done.stderr
     reference = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
@@ -118,5 +127,11 @@ def test_sigkill_anywhere_then_resume_matches_uninterrupted_bitwise(tmp_path: Pa
         assert final["global_step"] == total
         for key in reference["model"]:
             assert torch.equal(reference["model"][key], final["model"][key]), f"{run} ({where}, killed at step {killed_at}): {key}"
+        if reference["ema"] is not None:  # the weight average continued exactly, and best.pt holds it
+            assert final["ema"]["updates"] == total
+            for key, value in reference["ema"]["weights"].items():
+                assert torch.equal(value, final["ema"]["weights"][key]), f"{run} ({where}): ema {key}"
+            best, best_ref = (load_checkpoint(tmp_path / r / "checkpoints" / "best.pt") for r in (run, "straight"))
+            assert all(torch.equal(best_ref["model"][k], best["model"][k]) for k in best_ref["model"]), run
         assert _rows_without_time(tmp_path / "straight") == _rows_without_time(tmp_path / run), run
         assert not list((tmp_path / run).rglob(".*.tmp*")), f"{run}: temporary files left after the resume"

@@ -229,6 +229,7 @@ def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | N
 def _open_envi(header: Path, data_file: Path | None) -> Container:
     import spectral.io.envi as envi
 
+    from sciformer.data.hsi.envi_text import readable_header
     from sciformer.data.hsi.wavelengths import check_text_size
 
     check_text_size(regular_file(header, "ENVI header"), str(header))  # parsing is ~20x the header's size in memory
@@ -238,7 +239,8 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
     try:
         with warnings.catch_warnings():  # 'non-lowercase names ... converted to lowercase': two stderr lines, not a problem
             warnings.simplefilter("ignore", UserWarning)
-            img = envi.open(str(header), None if data_file is None else str(data_file))
+            with readable_header(header, data_file) as (text_header, data):  # BOM / cp1252 headers: a UTF-8 copy
+                img = envi.open(str(text_header), None if data is None else str(data))
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{header}: not a readable ENVI header/data pair: {short_error(exc)}") from exc
     finally:

@@ -180,10 +180,13 @@ def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
     if suffix == ".hdr":
         from spectral.io.envi import read_envi_header
 
+        from sciformer.data.hsi.envi_text import readable_header
+
         try:
             with warnings.catch_warnings():  # mixed-case keys: a two-line UserWarning
                 warnings.simplefilter("ignore", UserWarning)
-                header = read_envi_header(str(path))
+                with readable_header(path, None) as (text_header, _):  # BOM / cp1252 headers: a UTF-8 copy
+                    header = read_envi_header(str(text_header))
         except Exception as exc:  # noqa: BLE001 - any parse failure is a bad header
             raise DataError(f"{label}: not a readable ENVI header ({' '.join(str(exc).split())[:120]})") from None
         if "wavelength" not in header:

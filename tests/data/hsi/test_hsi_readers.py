@@ -95,6 +95,33 @@ def test_envi_round_trip_with_wavelengths_and_label_file(tmp_path, uint_scene):
         assert s.class_names == ["a", "b", "c", "d"]
 
 
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "cp1252", "latin-1"])
+def test_envi_headers_with_bom_or_code_page(tmp_path, uint_scene, encoding):
+    """ENVI on Windows writes the system code page, editors add a BOM: both read like UTF-8."""
+    import spectral.io.envi as envi
+
+    from sciformer.data.hsi.wavelengths import read_wavelength_spec
+
+    cube, gt, wl = uint_scene
+    meta = {"wavelength": [f"{w:.3f}" for w in wl], "description": "Sensor \u00b5m \u00e9t\u00e9"}
+    envi.save_image(str(tmp_path / "cube.hdr"), cube, interleave="bsq", metadata=meta)
+    names = ["Unclassified", "B\u00e4ume", "a", "b", "c"]
+    envi.save_classification(str(tmp_path / "gt.hdr"), gt.astype(np.uint8), class_names=names)
+    for hdr in ("cube.hdr", "gt.hdr"):  # spectral wrote UTF-8; re-encode the headers
+        path = tmp_path / hdr
+        raw = path.read_text(encoding="utf-8").encode(encoding)
+        assert raw != path.read_bytes()  # the case under test: not plain UTF-8 any more
+        path.write_bytes(raw)
+    for image_path in (tmp_path / "cube.hdr", tmp_path / "cube.img"):
+        s = read_scene(image_path, label_path=tmp_path / "gt.hdr")
+        np.testing.assert_array_equal(s.cube, cube)
+        np.testing.assert_array_equal(s.gt, gt)
+        np.testing.assert_allclose(s.wavelengths, np.round(wl, 3))
+        assert s.class_names == ["B\u00e4ume", "a", "b", "c"]
+    np.testing.assert_allclose(read_wavelength_spec(str(tmp_path / "cube.hdr")), np.round(wl, 3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cube.hdr", "cube.img", "gt.hdr", "gt.img"]  # nothing left beside them
+
+
 def test_lan_round_trip(tmp_path, uint_scene):
     cube, _, _ = uint_scene
     cube = cube.astype(np.int16)

@@ -1,0 +1,54 @@
+"""Scoring a model on a split over every rank: the final test evaluation of ``train`` and ``evaluate``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sciformer.config import Experiment
+from sciformer.contracts import TaskData
+from sciformer.engine.batching import make_loader
+from sciformer.engine.distributed import DistContext
+from sciformer.engine.inference import predict_fn
+from sciformer.engine.loops import evaluate
+from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
+from sciformer.engine.report import write_evaluation
+from sciformer.utils.progress import progress
+
+
+def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
+    """Sum confusion matrices and losses over ranks; returns scores and mean loss."""
+    if dist.enabled:
+        for tensor in confusion.sums():  # the confusion matrix and, for part segmentation, the shape IoUs
+            dist.all_reduce_sum(tensor)
+        totals = dist.all_reduce_sum(torch.tensor([loss_sum, float(count)], dtype=torch.float64))
+        loss_sum, count = float(totals[0]), int(totals[1])
+    return confusion.compute(), (loss_sum / count if count else float("nan"))
+
+
+
+def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
+                        extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext()) -> dict[str, Any]:
+    """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
+    cfg = exp.cfg
+    split = cfg.evaluation.split
+    votes = cfg.evaluation.votes
+    loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist, votes=votes)
+    start = time.perf_counter()
+    confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),
+                                          num_classes=task.info.num_classes, ignore_index=task.ignore_index, loss_fn=None, device=device, amp=cfg.train.amp,
+                                          parts=PartIoU.of(task.info, task.ignore_index))
+    scores, _ = reduce_evaluation(confusion, loss_sum, count, dist)
+    payload: dict[str, Any] = {}
+    if dist.is_main:
+        facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
+        facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split,
+                                             score=label_scorer(task.info.class_names, task.ignore_index)) or {})
+        payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
+        log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
+    dist.barrier()
+    return payload
