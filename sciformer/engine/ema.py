@@ -71,7 +71,10 @@ class WeightAverage:
             if not isinstance(value, torch.Tensor) or value.shape != avg.shape:
                 raise CheckpointError(f"checkpoint '{where}': its weight average entry '{key}' does not match this model")
             avg.copy_(value)
-        self.updates = int(state.get("updates", 0))
+        updates = state.get("updates", 0)
+        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 0:
+            raise CheckpointError(f"checkpoint '{where}': its weight average has an invalid update count {str(updates)[:40]!r}")
+        self.updates = updates
 
     @contextmanager
     def applied(self, model: nn.Module) -> Iterator[None]:

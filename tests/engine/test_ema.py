@@ -70,6 +70,9 @@ def test_state_round_trip_and_mismatch_is_one_line() -> None:
     with pytest.raises(CheckpointError, match="weight average") as info:
         WeightAverage(nn.Linear(3, 2), 0.9).load_state_dict(ema.state_dict(), "x.pt")
     assert "\n" not in str(info.value)
+    for bad in ("12", -1, 2.5, True):  # a tampered update count
+        with pytest.raises(CheckpointError, match="update count"):
+            other.load_state_dict({**ema.state_dict(), "updates": bad}, "x.pt")
     with pytest.raises(ValueError):
         WeightAverage(net, 1.0)
 

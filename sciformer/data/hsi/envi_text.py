@@ -23,21 +23,28 @@ _BOM = b"\xef\xbb\xbf"
 _DATA_EXTS = ("img", "dat", "sli", "hyspex", "raw", "bin")  # spectral.io.envi.KNOWN_EXTS
 
 
+def _cp1252_over_latin1() -> dict[int, str]:
+    """Latin-1 code points 0x80-0x9f -> the cp1252 characters of those bytes (5 are undefined and stay)."""
+    table = {}
+    for byte in range(0x80, 0xA0):
+        try:
+            table[byte] = bytes([byte]).decode("cp1252")
+        except UnicodeDecodeError:  # 0x81, 0x8d, 0x8f, 0x90, 0x9d
+            pass
+    return table
+
+
+_CP1252 = _cp1252_over_latin1()
+
+
 def decode_header(raw: bytes) -> str:
-    """Header bytes -> text: UTF-8 (a leading BOM dropped), else cp1252 / Latin-1 byte by byte."""
+    """Header bytes -> text: UTF-8 (a leading BOM dropped), else cp1252 with Latin-1 for its undefined bytes."""
     if raw.startswith(_BOM):
         raw = raw[len(_BOM):]
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        return "".join(_cp1252_char(b) for b in raw)
-
-
-def _cp1252_char(byte: int) -> str:
-    try:
-        return bytes([byte]).decode("cp1252")
-    except UnicodeDecodeError:  # 0x81, 0x8d, 0x8f, 0x90, 0x9d: undefined in cp1252
-        return chr(byte)
+        return raw.decode("latin-1").translate(_CP1252)
 
 
 def _data_file_beside(header: Path, text: str) -> Path | None:
@@ -61,14 +68,10 @@ def readable_header(header: Path, data_file: Path | None) -> Iterator[tuple[Path
     for one with a BOM or another encoding a UTF-8 copy (removed on exit) and the data file
     beside the original (None when there is none: ``spectral`` then says so)."""
     raw = header.read_bytes()  # callers bound the size first (check_text_size)
-    try:
-        plain = not raw.startswith(_BOM) and raw.decode("utf-8") is not None
-    except UnicodeDecodeError:
-        plain = False
-    if plain:
+    text = decode_header(raw)
+    if text.encode("utf-8") == raw:  # plain UTF-8 already: spectral reads the file itself
         yield header, data_file
         return
-    text = decode_header(raw)
     with tempfile.TemporaryDirectory(prefix="sciformer-envi-") as tmp:
         copy = Path(tmp) / header.name
         copy.write_text(text, encoding="utf-8")
