@@ -220,13 +220,22 @@ class TaskData(ABC):
         the band set (count and wavelengths); the default accepts everything.
         """
 
+    def check_test_views(self, views: PredictOptions) -> None:
+        """Refuse test-time views (``views.rotations``, ``flip``, ``overlap``: the ``evaluation``
+        settings ``tta_rotations``, ``tta_flip``, ``overlap``) this task cannot use: only
+        whole-scene segmentation takes them."""
+        if (views.rotations, views.flip, views.overlap) != (1, False, 0.0):
+            raise ConfigError("evaluation.tta_rotations / tta_flip / overlap apply to whole-scene segmentation only "
+                              "(point_scenes, las_tiles, s3dis); classification uses evaluation.votes")
+
     def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
-                           score: ScoreFn | None = None) -> dict[str, Any]:
+                           score: ScoreFn | None = None, views: PredictOptions | None = None) -> dict[str, Any]:
         """Write task-specific predictions (maps, point files) of ``split`` after evaluation.
 
         ``export`` has boolean attributes ``npy``, ``png``, ``envi``, ``ply``. Returns extra
         facts to store in ``metrics.json`` (may be empty). A task that predicts at another
         resolution than its items (whole scenes on every original point) scores those
-        labels with ``score``, never with a metric of its own.
+        labels with ``score``, never with a metric of its own; ``views`` are its test-time
+        views (:meth:`check_test_views` accepted them).
         """
         return {}

@@ -64,6 +64,28 @@ def test_train_evaluate_predict_on_real_scans(run: Path, scans: Path, tmp_path: 
     assert "comment class 0 car" in header and "comment class 18 traffic-sign" in header
 
 
+def test_evaluation_with_test_views_equals_predict_with_the_same_flags(run: Path, scans: Path, tmp_path: Path) -> None:
+    """evaluation.tta_rotations / tta_flip / overlap predict every test point as ``sciformer
+    predict`` does with --tta-rotations / --tta-flip / --overlap (the other code path), and
+    the full-resolution scores are those of the written predictions."""
+    ev = tmp_path / "ev"
+    views = ["evaluation.tta_rotations=3", "evaluation.tta_flip=true", "evaluation.overlap=0.5", "data.eval_max_points=9000"]
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(ev), *views]) == 0
+    metrics = json.loads((ev / "metrics.json").read_text())
+    assert metrics["test_views"] == {"tta_rotations": 3, "tta_flip": True, "overlap": 0.5}
+    evaluated = np.load(ev / "predictions" / "demo_000700_points_pred.npy")
+    out = tmp_path / "p.ply"
+    assert predict(run, "-i", str(scans / "demo_000700_points.npy"), "-o", str(out), "--tta-rotations", "3", "--tta-flip",
+                   "--overlap", "0.5", "data.eval_max_points=9000") == 0
+    np.testing.assert_array_equal(evaluated, read_point_file(out)["pred"])
+    raw = np.load(scans / "demo_000700_labels.npy").reshape(-1)
+    labelled = raw > 0
+    oa = float((evaluated[labelled] == raw[labelled] - 1).mean())
+    assert metrics["full_resolution"]["oa"] == pytest.approx(oa, abs=1e-9)
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(tmp_path / "plain")]) == 0
+    assert "test_views" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
+
+
 def test_never_writes_over_an_input_or_an_existing_file(run: Path, scans: Path, tmp_path: Path, capsys) -> None:
     scan = tmp_path / "room.npy"
     shutil.copy(scans / "seq01_000000_points.npy", scan)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from sciformer.config import Experiment
-from sciformer.contracts import TaskData
+from sciformer.contracts import PredictOptions, TaskData
 from sciformer.engine.batching import make_loader
 from sciformer.engine.distributed import DistContext
 from sciformer.engine.inference import predict_fn
@@ -31,12 +31,22 @@ def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, d
 
 
 
+def test_views(exp: Experiment, task: TaskData) -> PredictOptions:
+    """The final evaluation's test-time views (``evaluation.tta_rotations``, ``tta_flip``,
+    ``overlap``), checked against what ``task`` can use (a one-line ConfigError)."""
+    e = exp.cfg.evaluation
+    views = PredictOptions(overlap=e.overlap, rotations=e.tta_rotations, flip=e.tta_flip)
+    task.check_test_views(views)
+    return views
+
+
 def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
                         extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext()) -> dict[str, Any]:
     """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
     cfg = exp.cfg
     split = cfg.evaluation.split
     votes = cfg.evaluation.votes
+    views = test_views(exp, task)
     loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist, votes=votes)
     start = time.perf_counter()
     confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),
@@ -46,8 +56,10 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     payload: dict[str, Any] = {}
     if dist.is_main:
         facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
+        if (views.rotations, views.flip, views.overlap) != (1, False, 0.0):  # they shape the full-resolution scores
+            facts["test_views"] = {"tta_rotations": views.rotations, "tta_flip": views.flip, "overlap": views.overlap}
         facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split,
-                                             score=label_scorer(task.info.class_names, task.ignore_index)) or {})
+                                             score=label_scorer(task.info.class_names, task.ignore_index), views=views) or {})
         payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
     dist.barrier()

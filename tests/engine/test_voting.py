@@ -144,3 +144,19 @@ def test_votes_on_a_task_without_voting_fail_before_training(toy_config: Path, t
     err = capsys.readouterr().err
     assert "evaluation.votes=4" in err and "Traceback" not in err
     assert not (run / "checkpoints" / "last.pt").exists()
+
+
+def test_scene_test_views_are_refused_for_classification_before_training(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config_file = _write_config(tmp_path, 1)
+    for override in ("evaluation.tta_rotations=4", "evaluation.tta_flip=true", "evaluation.overlap=0.25"):
+        run = tmp_path / override.split("=")[0]
+        assert main(["train", "-c", str(config_file), "-o", str(run), override]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "apply to whole-scene segmentation only" in err
+        assert not (run / "checkpoints").exists()  # refused before the first epoch
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(config_file), "-o", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(tmp_path / "ev"), "evaluation.tta_rotations=2"]) == 2
+    assert "apply to whole-scene segmentation only" in capsys.readouterr().err
+

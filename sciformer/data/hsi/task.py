@@ -45,6 +45,7 @@ from sciformer.contracts import (
     BuildContext,
     DataInfo,
     PredictFn,
+    PredictOptions,
     ScoreFn,
     TaskData,
 )
@@ -295,7 +296,8 @@ class HSISceneTask(TaskData):
         atomic_write_text(run_dir / "protocol.json", json.dumps(self.describe(), indent=2) + "\n")
 
     def export_predictions(
-        self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test", score: ScoreFn | None = None
+        self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test", score: ScoreFn | None = None,
+        views: PredictOptions | None = None,
     ) -> dict[str, Any]:
         """Predict every pixel of the scene (tiled) and write ``map.npy/.png/.hdr+.img``.
 

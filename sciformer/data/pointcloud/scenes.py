@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from pydantic import AfterValidator
 
-from sciformer.contracts import Batch, PredictFn, ScoreFn
+from sciformer.contracts import Batch, PredictFn, PredictOptions, ScoreFn
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.chunking import (
     partition_points,
     predict_chunked,
+    tta_views,
 )
 from sciformer.data.pointcloud.dataset import PointDataset, PointTask
 from sciformer.data.pointcloud.io import write_ply
@@ -245,6 +246,8 @@ def scene_predictions(
     write_npy: bool = True,
     write_ply_files: bool = True,
     write_png: bool = False,
+    overlap: float = 0.0,
+    views: Sequence[Any] = (None,),
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Predict every scene, map back to every original point, write its files, yield (label, pred).
 
@@ -252,7 +255,7 @@ def scene_predictions(
     the data layer computes no metric. With ``out_dir``, writes per scene
     ``<name>_pred.npy`` (n,) int64, ``<name>.ply`` with x, y, z, colour, ``pred`` and
     ``label``, and ``<name>.png`` (top views of prediction and truth with a class legend),
-    each switchable.
+    each switchable. ``overlap`` and ``views`` as in :func:`predict_scene`.
 
     Shapes: yields label (n,) int64 (ignored points kept), pred (n,) int64 per scene.
     """
@@ -260,7 +263,8 @@ def scene_predictions(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     for s in sorted({s for s, _ in dataset.items}):
-        pred = predict_scene(dataset, s, predict, collate, batch_size=batch_size, num_classes=num_classes)
+        pred = predict_scene(dataset, s, predict, collate, batch_size=batch_size, num_classes=num_classes,
+                             overlap=overlap, views=views)
         full = dataset._scene(s)[0]
         label = np.asarray(full["label"], dtype=np.int64)  # (n,)
         if out_dir is not None:
@@ -328,9 +332,15 @@ class SceneSegmentationTask(PointTask):
             raise DataError(f"split '{split}' is not made of whole scenes (only val and test are)")
         return dataset.source
 
+    def check_test_views(self, views: PredictOptions) -> None:
+        """Every view is accepted: turns about z, mirrors and chunk overlap (checked by PredictOptions)."""
+
     def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
-                           score: ScoreFn | None = None) -> dict[str, Any]:
+                           score: ScoreFn | None = None, views: PredictOptions | None = None) -> dict[str, Any]:
         """Predict every ``split`` scene, write per-point predictions, return ``score`` of every point.
+
+        ``views``: the test-time views (turns about z, mirrors) and chunk overlap of every
+        scene, softmax summed per point (None: each evaluation item once, no overlap).
 
         ``export.npy`` / ``export.ply`` / ``export.png`` (attributes or dict keys, default
         True) switch the ``<scene>_pred.npy``, ``<scene>.ply`` and ``<scene>.png`` files.
@@ -350,6 +360,8 @@ class SceneSegmentationTask(PointTask):
             write_npy=_flag(export, "npy", True),
             write_ply_files=_flag(export, "ply", True),
             write_png=_flag(export, "png", True),
+            overlap=views.overlap if views else 0.0,
+            views=tta_views(views.rotations, views.flip) if views else (None,),
         )
         scenes = len({s for s, _ in dataset.items})
         if score is None:
