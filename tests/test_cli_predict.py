@@ -122,6 +122,31 @@ def test_nan_points_keep_their_rows(run: Path, scans: Path, tmp_path: Path) -> N
     assert (out["confidence"][holes] == 0).all() and list(out["class_names"])[:2] == ["car", "bicycle"]
 
 
+def test_evaluation_predictions_keep_a_row_for_every_row_of_the_file(run: Path, scans: Path, tmp_path: Path) -> None:
+    """A test scan with non-finite rows: <scene>_pred.npy has one row per row of the file, -1
+    on the rows left out, the others as ``predict`` labels them; metrics.json counts them."""
+    root = tmp_path / "scans"
+    shutil.copytree(scans, root)
+    points = np.load(root / "demo_000700_points.npy")
+    holes = np.zeros(len(points), dtype=bool)
+    holes[::53] = holes[7] = True
+    points[holes] = np.nan
+    points[11] = [np.inf, 0.0, 0.0]
+    holes[11] = True
+    np.save(root / "demo_000700_points.npy", points)
+    ev = tmp_path / "ev"
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(ev), f"data.root={root}"]) == 0
+    pred = np.load(ev / "predictions" / "demo_000700_points_pred.npy")
+    assert pred.shape == (len(points),)
+    assert (pred[holes] == -1).all() and (pred[~holes] >= 0).all()
+    out = tmp_path / "p.npz"
+    assert predict(run, "-i", str(root / "demo_000700_points.npy"), "-o", str(out)) == 0
+    np.testing.assert_array_equal(pred, np.load(out)["pred"])
+    full = json.loads((ev / "metrics.json").read_text())["full_resolution"]
+    raw = np.load(root / "demo_000700_labels.npy").reshape(-1)
+    assert full["left_out_points"] == int(holes.sum()) and full["points"] == int(((raw > 0) & ~holes).sum())
+
+
 def test_output_checked_before_the_model_loads(run: Path, scans: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     from sciformer.engine import inference
 

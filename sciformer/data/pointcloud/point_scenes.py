@@ -203,7 +203,8 @@ def point_sample(data: dict[str, np.ndarray]) -> Sample:
 
 
 class SceneFiles(SceneSource):
-    """Labelled scene files read on access (a few kept in memory); invalid points dropped."""
+    """Labelled scene files read on access (a few kept in memory); invalid points dropped
+    (their rows are remembered: :meth:`left_out_rows`)."""
 
     def __init__(self, paths: list[Path], cfg: PointScenesConfig, features: list[str], cache_dir: Path) -> None:
         self.paths = paths
@@ -212,9 +213,14 @@ class SceneFiles(SceneSource):
         self.cache_dir = cache_dir
         self.table = class_table(cfg.classes)
         self._cache: OrderedDict[int, Sample] = OrderedDict()
+        self._left_out: dict[int, tuple[np.ndarray, int]] = {}  # scene -> (rows left out, rows in the file)
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def left_out_rows(self, index: int) -> tuple[np.ndarray, int] | None:
+        self.load(index)
+        return self._left_out.get(index)
 
     def name(self, index: int) -> str:
         return self.paths[index].stem
@@ -240,6 +246,7 @@ class SceneFiles(SceneSource):
         sample["label"] = map_labels(raw, self.table, self.cfg.unmapped)
         ok = valid_points(sample, self.features)
         if not ok.all():
+            self._left_out[index] = (np.flatnonzero(~ok), len(ok))
             sample = index_points(sample, np.flatnonzero(ok))
         if len(sample["coord"]) == 0:
             raise DataError(f"{path}: no point with finite coordinates")

@@ -79,6 +79,11 @@ class SceneSource(ABC):
     def load(self, index: int) -> Sample:
         """coord (n, 3) float64, label (n,) int64 and optional colour/intensity/normal."""
 
+    def left_out_rows(self, index: int) -> tuple[np.ndarray, int] | None:
+        """Rows of the scene's file that :meth:`load` left out (points without finite
+        coordinates or features) and the file's row count; None when every row is loaded."""
+        return None
+
 
 class SceneEvalDataset(PointDataset):
     """Every point of whole scenes, for validation and test.
@@ -235,6 +240,22 @@ def predict_scene(
     return logits_kept.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
 
 
+def file_rows(pred: np.ndarray, left_out: tuple[np.ndarray, int] | None) -> np.ndarray:
+    """Predictions of a scene's loaded points laid out on every row of its file, -1 on the
+    rows left out (``left_out``: those rows and the file's row count, or None).
+
+    Shapes: pred (n,) -> (rows,) int64
+    """
+    if left_out is None:
+        return pred
+    rows, total = left_out
+    out = np.full(total, -1, dtype=np.int64)  # (rows,)
+    keep = np.ones(total, dtype=bool)
+    keep[rows] = False
+    out[keep] = pred
+    return out
+
+
 def scene_predictions(
     dataset: SceneEvalDataset,
     predict: PredictFn,
@@ -253,7 +274,8 @@ def scene_predictions(
 
     The caller scores the pairs (the engine's :func:`~sciformer.engine.metrics.label_scorer`);
     the data layer computes no metric. With ``out_dir``, writes per scene
-    ``<name>_pred.npy`` (n,) int64, ``<name>.ply`` with x, y, z, colour, ``pred`` and
+    ``<name>_pred.npy`` int64 with one row per row of the scene's file (-1 on rows the
+    source left out: :meth:`SceneSource.left_out_rows`), ``<name>.ply`` of the loaded points with x, y, z, colour, ``pred`` and
     ``label``, and ``<name>.png`` (top views of prediction and truth with a class legend),
     each switchable. ``overlap`` and ``views`` as in :func:`predict_scene`.
 
@@ -269,8 +291,9 @@ def scene_predictions(
         label = np.asarray(full["label"], dtype=np.int64)  # (n,)
         if out_dir is not None:
             name = dataset.source.name(s)
-            if write_npy:
-                atomic_write_with(out_dir / f"{name}_pred.npy", lambda tmp, pred=pred: np.save(tmp, pred))
+            if write_npy:  # one row per row of the file, -1 where a point was left out
+                rows = file_rows(pred, dataset.source.left_out_rows(s))
+                atomic_write_with(out_dir / f"{name}_pred.npy", lambda tmp, rows=rows: np.save(tmp, rows))
             if write_ply_files:
                 write_ply(out_dir / f"{name}.ply", np.asarray(full["coord"]), full.get("colour"),
                           pred=pred.astype(np.int32), label=label.astype(np.int32))
@@ -363,9 +386,12 @@ class SceneSegmentationTask(PointTask):
             overlap=views.overlap if views else 0.0,
             views=tta_views(views.rotations, views.flip) if views else (None,),
         )
-        scenes = len({s for s, _ in dataset.items})
+        ids = sorted({s for s, _ in dataset.items})
         if score is None:
             for _ in pairs:
                 pass
             return {}
-        return {"full_resolution": {**score(pairs), "scenes": scenes}}
+        full = {**score(pairs), "scenes": len(ids)}
+        # points of the files the model could not see (non-finite coordinates): in no score
+        left_out = sum(len(r[0]) for r in map(dataset.source.left_out_rows, ids) if r is not None)
+        return {"full_resolution": {**full, "left_out_points": left_out} if left_out else full}
