@@ -31,7 +31,7 @@ def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, d
 
 
 
-def test_views(exp: Experiment, task: TaskData) -> PredictOptions:
+def evaluation_views(exp: Experiment, task: TaskData) -> PredictOptions:
     """The final evaluation's test-time views (``evaluation.tta_rotations``, ``tta_flip``,
     ``overlap``), checked against what ``task`` can use (a one-line ConfigError)."""
     e = exp.cfg.evaluation
@@ -46,7 +46,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     cfg = exp.cfg
     split = cfg.evaluation.split
     votes = cfg.evaluation.votes
-    views = test_views(exp, task)
+    views = evaluation_views(exp, task)
     loader = make_loader(task, split, cfg.evaluation.batch_size, train=False, seed=cfg.train.seed, workers=cfg.train.num_workers, dist=dist, votes=votes)
     start = time.perf_counter()
     confusion, loss_sum, count = evaluate(model, progress(loader, total=len(loader), desc=f"eval {split}", mode=cfg.train.progress if dist.is_main else "never"),

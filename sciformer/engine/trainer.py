@@ -33,7 +33,7 @@ from sciformer.engine.batching import EpochBatchSampler, make_loader
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
 from sciformer.engine.distributed import init_distributed
 from sciformer.engine.ema import WeightAverage
-from sciformer.engine.evaluation import evaluate_and_export, reduce_evaluation, test_views
+from sciformer.engine.evaluation import evaluate_and_export, evaluation_views, reduce_evaluation
 from sciformer.engine.inference import check_split_not_empty
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import PartIoU, Scores, check_monitor
@@ -99,7 +99,7 @@ class Trainer:
         check_monitor(t.monitor, self.info)
         if self.cfg.evaluation.votes > 1:  # fail now, not after training
             self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
-        test_views(exp, self.task)  # likewise
+        evaluation_views(exp, self.task)  # likewise
         check_split_not_empty(self.task, self.cfg.evaluation.split)
         self.model = builders.build_model(exp, self.info).to(self.device)
         self.init_from: dict[str, Any] | None = None  # what train.init_from loaded (fine-tuning), for env.json

@@ -213,14 +213,15 @@ class SceneFiles(SceneSource):
         self.cache_dir = cache_dir
         self.table = class_table(cfg.classes)
         self._cache: OrderedDict[int, Sample] = OrderedDict()
-        self._left_out: dict[int, tuple[np.ndarray, int]] = {}  # scene -> (rows left out, rows in the file)
+        self._left_out: dict[int, tuple[np.ndarray, int] | None] = {}  # loaded scene -> (rows left out, rows in the file)
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def left_out_rows(self, index: int) -> tuple[np.ndarray, int] | None:
-        self.load(index)
-        return self._left_out.get(index)
+        if index not in self._left_out:  # known once the file has been loaded
+            self.load(index)
+        return self._left_out[index]
 
     def name(self, index: int) -> str:
         return self.paths[index].stem
@@ -245,8 +246,8 @@ class SceneFiles(SceneSource):
         sample = point_sample(data)
         sample["label"] = map_labels(raw, self.table, self.cfg.unmapped)
         ok = valid_points(sample, self.features)
+        self._left_out[index] = None if ok.all() else (np.flatnonzero(~ok), len(ok))
         if not ok.all():
-            self._left_out[index] = (np.flatnonzero(~ok), len(ok))
             sample = index_points(sample, np.flatnonzero(ok))
         if len(sample["coord"]) == 0:
             raise DataError(f"{path}: no point with finite coordinates")
