@@ -145,7 +145,7 @@ class EvaluationConfig(Section):
     votes: int = Field(1, ge=1, le=100)  # test-time voting in the final evaluation (classification datasets)
     # whole-scene segmentation (point_scenes, las_tiles, s3dis): the final evaluation's views of each
     # scene, softmax summed per point, as ``sciformer predict --tta-rotations / --tta-flip / --overlap``
-    tta_rotations: int = Field(1, ge=1, le=100)  # equal turns about z, the first unturned
+    tta_rotations: int = Field(1, ge=1, le=100, strict=True)  # equal turns about z, the first unturned (true is not 1)
     tta_flip: bool = False  # each turn also mirrored in x
     overlap: float = Field(0.0, ge=0.0, le=4.0)  # context points per core point of a chunk (0: the evaluation items)
 

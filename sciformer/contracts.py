@@ -226,7 +226,7 @@ class TaskData(ABC):
         whole-scene segmentation takes them."""
         if (views.rotations, views.flip, views.overlap) != (1, False, 0.0):
             raise ConfigError("evaluation.tta_rotations / tta_flip / overlap apply to whole-scene segmentation only "
-                              "(point_scenes, las_tiles, s3dis); classification uses evaluation.votes")
+                              "(point_scenes, las_tiles, s3dis); shape classification uses evaluation.votes")
 
     def export_predictions(self, predict: PredictFn, out_dir: Path, batch_size: int, export: Any, split: str = "test",
                            score: ScoreFn | None = None, views: PredictOptions | None = None) -> dict[str, Any]:

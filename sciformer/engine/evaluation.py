@@ -40,6 +40,14 @@ def evaluation_views(exp: Experiment, task: TaskData) -> PredictOptions:
     return views
 
 
+def every_point_line(full: dict[str, Any], views: dict[str, Any] | None) -> str:
+    """One line with the every-point scores of whole scenes (``full_resolution``) and their views."""
+    seen = "single pass" if not views else (f"{views['tta_rotations']} turns{' + mirrors' if views['tta_flip'] else ''}, "
+                                             f"overlap {views['overlap']:g}")
+    return (f"every point ({full['points']:,} points, {full['scenes']} scene{'s' if full['scenes'] != 1 else ''}, {seen}): "
+            f"OA {100 * full['oa']:.2f}  mIoU {100 * full['miou']:.2f}  (metrics.json: full_resolution)")
+
+
 def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
                         extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext()) -> dict[str, Any]:
     """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
@@ -62,5 +70,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
                                              score=label_scorer(task.info.class_names, task.ignore_index), views=views) or {})
         payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
+        if "full_resolution" in facts:  # whole scenes: the table scores the evaluation items; this, every point
+            log(every_point_line(facts["full_resolution"], facts.get("test_views")))
     dist.barrier()
     return payload

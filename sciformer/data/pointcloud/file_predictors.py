@@ -63,7 +63,7 @@ def predict_s3dis_file(
         sample["colour"] = data["colour"]
     prediction = predict_cloud(
         predict, sample, class_names=class_names, features=features, grid_size=state.get("grid_size"),
-        max_points=state.get("eval_max_points"), part_z="keep",
+        max_points=cfg.eval_max_points, part_z="keep",
         transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), batch_size=batch_size,
         options=options, desc=input_path.name,
     )

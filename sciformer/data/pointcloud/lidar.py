@@ -295,7 +295,7 @@ def predict_las_file(
     sample = tile_sample(arrays, code_table(classes, state_value(state, "unmapped", "las_tiles")), scale)
     prediction = predict_cloud(
         predict, sample, class_names=list(classes),
-        features=features, grid_size=state.get("grid_size"), max_points=state.get("eval_max_points"), part_z="min",
+        features=features, grid_size=state.get("grid_size"), max_points=cfg.eval_max_points, part_z="min",
         transform=None, batch_size=batch_size, options=options, desc=input_path.name,
     )
     return write_point_predictions(output_path, sample, prediction, source=input_path,

@@ -315,7 +315,7 @@ def predict_point_scenes_file(
         sample["label"] = map_labels(raw, table, str(state.get("unmapped", "ignore")))
     prediction = predict_cloud(
         predict, sample, class_names=list(table), features=features, grid_size=state.get("grid_size"),
-        max_points=state.get("eval_max_points"), part_z="min",
+        max_points=cfg.eval_max_points, part_z="min",
         transform=build_transforms(cfg.eval_transforms, "data.eval_transforms"), batch_size=batch_size,
         options=options, desc=input_path.name,
     )
