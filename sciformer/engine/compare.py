@@ -18,6 +18,7 @@ from sciformer.errors import ConfigError, SciformerError
 from sciformer.utils import yamlio
 
 METRIC_KEYS = ("oa", "aa", "macc", "kappa", "miou", "best_epoch", "best_val")
+EVERY_POINT_KEYS = ("oa", "miou")  # whole scenes: metrics.json's full_resolution (every point, with the test views)
 
 # ------------------------------------------------------------------------- compare
 
@@ -57,10 +58,13 @@ def compare_runs(runs: list[str | Path]) -> tuple[list[str], list[list[str]]]:
     keys = sorted({k for c in configs for k in c})
     differ = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     shown = [m for m in METRIC_KEYS if any(m in d for d in metrics)]
-    header = ["run", *differ, *(f"test_{m}" if m in ("oa", "aa", "macc", "kappa", "miou") else m for m in shown)]
+    every = [m for m in EVERY_POINT_KEYS if any(m in d.get("full_resolution", {}) for d in metrics)]
+    header = ["run", *differ, *(f"test_{m}" if m in ("oa", "aa", "macc", "kappa", "miou") else m for m in shown),
+              *(f"every_point_{m}" for m in every)]
     rows = []
     for name, cfg, met in zip(names, configs, metrics, strict=True):
-        rows.append([name, *(_cell(cfg.get(k)) for k in differ), *(_cell(met.get(m)) for m in shown)])
+        full = met.get("full_resolution", {})
+        rows.append([name, *(_cell(cfg.get(k)) for k in differ), *(_cell(met.get(m)) for m in shown), *(_cell(full.get(m)) for m in every)])
     return header, rows
 
 

@@ -92,6 +92,19 @@ def test_compare_two_runs(two_runs: list[Path], capsys) -> None:
         assert float(row["test_oa"]) == pytest.approx(json.loads((run / "metrics.json").read_text())["oa"], abs=5e-5)
 
 
+def test_compare_shows_every_point_scores_of_whole_scenes(two_runs: list[Path], capsys) -> None:
+    """Runs whose metrics.json has full_resolution (whole scenes, test views) get every-point columns."""
+    import json
+
+    path = two_runs[0] / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["full_resolution"] = {"oa": 0.75, "miou": 0.125, "points": 10, "scenes": 1}
+    path.write_text(json.dumps(metrics))
+    assert main(["compare", "--csv", "-", *map(str, two_runs)]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["every_point_miou"] for r in rows] == ["0.1250", "-"] and rows[0]["every_point_oa"] == "0.7500"
+
+
 def test_config_list_names_every_key(capsys) -> None:
     from sciformer.registry import MODELS
 
