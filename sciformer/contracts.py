@@ -120,6 +120,11 @@ class PredictOptions:
             if not 1 <= getattr(self, name) <= 100:
                 raise SciformerError(f"{self.FLAGS[name]} must be between 1 and 100, got {getattr(self, name)}")
 
+    @property
+    def single_pass(self) -> bool:
+        """No test-time views: one turn, no mirror, no chunk overlap (each evaluation item once)."""
+        return self.rotations == 1 and not self.flip and self.overlap == 0.0
+
     def require_defaults(self, dataset: str, *names: str) -> None:
         """Refuse options ``names`` when set: they do not apply to ``dataset``'s predictions."""
         default = PredictOptions()
@@ -224,7 +229,7 @@ class TaskData(ABC):
         """Refuse test-time views (``views.rotations``, ``flip``, ``overlap``: the ``evaluation``
         settings ``tta_rotations``, ``tta_flip``, ``overlap``) this task cannot use: only
         whole-scene segmentation takes them."""
-        if (views.rotations, views.flip, views.overlap) != (1, False, 0.0):
+        if not views.single_pass:
             raise ConfigError("evaluation.tta_rotations / tta_flip / overlap apply to whole-scene segmentation only "
                               "(point_scenes, las_tiles, s3dis); shape classification uses evaluation.votes")
 

@@ -64,7 +64,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     payload: dict[str, Any] = {}
     if dist.is_main:
         facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
-        if (views.rotations, views.flip, views.overlap) != (1, False, 0.0):  # they shape the full-resolution scores
+        if not views.single_pass:  # they shape the full-resolution scores
             facts["test_views"] = {"tta_rotations": views.rotations, "tta_flip": views.flip, "overlap": views.overlap}
         facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split,
                                              score=label_scorer(task.info.class_names, task.ignore_index), views=views) or {})

@@ -268,8 +268,10 @@ class Trainer:
                 self.partial = (0.0, 0)
                 row: dict[str, Any] = {"epoch": self.epoch, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss_sum / max(count, 1)}
                 stop_early = False
-                with self._averaged():  # train.ema: the average is validated and becomes best.pt's model
-                    if self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs):
+                validate = self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs)
+                # train.ema: the average is validated and becomes best.pt's model (swapped in only then)
+                with self._averaged() if validate or not self.has_val else nullcontext():
+                    if validate:
                         scores, val_loss = self._evaluate("val")
                         row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in scores.summary().items()})
                         value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)

@@ -383,8 +383,8 @@ class SceneSegmentationTask(PointTask):
             write_npy=_flag(export, "npy", True),
             write_ply_files=_flag(export, "ply", True),
             write_png=_flag(export, "png", True),
-            overlap=views.overlap if views else 0.0,
-            views=tta_views(views.rotations, views.flip) if views else (None,),
+            overlap=0.0 if views is None else views.overlap,
+            views=(None,) if views is None else tta_views(views.rotations, views.flip),
         )
         ids = sorted({s for s, _ in dataset.items})
         if score is None:
