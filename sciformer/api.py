@@ -152,7 +152,7 @@ class Predictor:
                 input_path = self._write_cube(tmp_dir, data)
             else:
                 input_path = self._write_points(tmp_dir, data, features)
-            opts = PredictOptions(probabilities=self.kind == "points", wavelengths=wavelengths, **options)
+            opts = PredictOptions(probabilities=self.kind in ("points", "hsi"), wavelengths=wavelengths, **options)
             with torch.no_grad():
                 return self._run(dict(self.data_state), input_path, tmp_dir, batch_size, opts)
 
@@ -160,21 +160,11 @@ class Predictor:
         predictor, cfg = self.entry.predictor, self.experiment.data_params
         assert predictor is not None
         if self.kind == "hsi":
-            probs: list[Any] = []
-
-            def predict(batch: dict[str, Any]) -> Any:
-                logits = self._predict(batch)  # (n, C)
-                probs.append(logits.softmax(dim=1).cpu())
-                return logits
-
             out = tmp_dir / "out_map.npy"
-            predictor(cfg, state, predict, input_path, out, batch_size, options=options)
+            predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)
             label_map = np.load(out)  # (H, W) 0 = unclassified, 1..K
-            h, w = label_map.shape
-            import torch
-
-            stacked = torch.cat(probs).numpy().reshape(h, w, -1) if probs else np.zeros((h, w, len(self.class_names)), np.float32)
-            return Prediction(label_map.astype(np.int64) - 1, stacked.astype(np.float32), self.class_names)
+            probs = np.load(tmp_dir / "out_map_probabilities.npy")  # (H, W, K)
+            return Prediction(label_map.astype(np.int64) - 1, probs.astype(np.float32), self.class_names)
         if self.kind == "shape":
             out = tmp_dir / "out_probs.npy"
             predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--tta-rotations", type=int, default=1, metavar="N", help="point scenes: average N turns about z (default 1)")
     predict.add_argument("--tta-flip", action="store_true", help="point scenes: also average mirrored views")
     predict.add_argument("--votes", type=int, default=1, metavar="V", help="shape classification: average V augmented copies (default 1)")
-    predict.add_argument("--probabilities", action="store_true", help="point clouds: also write per-class probabilities (.ply, .npz, .las/.laz)")
+    predict.add_argument("--probabilities", action="store_true", help="also write per-class probabilities: point clouds in the output (.ply, .npz, .las/.laz); "
+                         "hyperspectral maps in a second file beside it (NAME_probabilities.npy / .hdr / .tif)")
     predict.add_argument("--columns", metavar="NAMES", help="headerless point files and raw .bin scans: e.g. x,y,z,intensity (float32) or x,y,z,r,g,b:float64")
     predict.add_argument("--category", help="part segmentation: the shape's category (e.g. Airplane)")
     predict.add_argument("--labels", metavar="MAP", help="hyperspectral: a ground-truth label map for the figure and metrics")
@@ -172,8 +173,10 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     if entry.predictor is None:
         raise SciformerError(f"dataset '{name}' has no file predictor")
     # ... and against this dataset's formats before the model is built or any data read.
+    written_beside = getattr(entry.predictor, "written_beside", None)
     pairs = plan_outputs(inputs, args.output, prediction_suffixes(entry.predictor), fmt=args.format,
-                         overwrite=args.overwrite, many=many)
+                         overwrite=args.overwrite, many=many,
+                         beside=None if written_beside is None else (lambda out: written_beside(out, options)))
     exp, state, model, device = load_for_inference(args.checkpoint, list(args.overrides), args.device)
     predict = predict_fn(model, device, exp.cfg.train.amp)
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
@@ -181,7 +184,8 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
         output_path.parent.mkdir(parents=True, exist_ok=True)
         written = entry.predictor(exp.data_params, predictor_state(state, exp), predict, input_path, output_path,
                                   batch_size, options=options)
-        print(f"wrote {written or output_path}")
+        for path in [written or output_path, *(written_beside(output_path, options) if written_beside else [])]:
+            print(f"wrote {path}")
     return 0
 
 

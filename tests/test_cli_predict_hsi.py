@@ -130,3 +130,74 @@ def test_train_from_geotiff_cube_and_label_map(tmp_path: Path) -> None:
                  "--labels", str(tmp_path / "gt.tif")]) == 0
     with rasterio.open(out) as src:
         assert src.crs.to_epsg() == 32633 and list(src.transform)[:6] == [10.0, 0.0, 400000.0, 0.0, -10.0, 5000000.0]
+
+
+def pixel_probabilities(scene: dict[str, Path], rows_cols: list[tuple[int, int]]) -> np.ndarray:
+    """Oracle: softmax of the model's logits on patches cut by hand (numpy reflect padding) at given pixels."""
+    import torch
+
+    import sciformer
+    from sciformer.data.hsi.normalize import Normalizer
+
+    model = sciformer.load(scene["run"], device="cpu")
+    state = model.data_state
+    cube = np.array(envi.open(str(scene["envi"])).load(), dtype=np.float32)  # (H, W, B)
+    norm = np.asarray(Normalizer.from_state(state["normaliser"]).transform(cube), dtype=np.float32)  # (H, W, B)
+    r = int(state["patch_size"]) // 2
+    padded = np.pad(norm, ((r, r), (r, r), (0, 0)), mode="reflect")  # (H + 2r, W + 2r, B)
+    patches = np.stack([padded[i:i + 2 * r + 1, j:j + 2 * r + 1].transpose(2, 0, 1) for i, j in rows_cols])  # (n, B, p, p)
+    with torch.no_grad():
+        logits = model._predict({"patch": torch.from_numpy(np.ascontiguousarray(patches))})  # (n, K)
+    return logits.softmax(dim=1).numpy()
+
+
+def test_probabilities_beside_the_map_in_every_format(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """--probabilities: an (H, W, K) float32 raster beside the map, in the map's format, whose argmax
+    is the map and whose pixels equal the model's softmax on patches cut by hand (pixel order kept)."""
+    assert predict(scene, scene["envi"], tmp_path / "map.npy", "--probabilities") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.npy", "map_probabilities.npy"]
+    assert "wrote " + str(tmp_path / "map_probabilities.npy") in capsys.readouterr().out
+    probs, label_map = np.load(tmp_path / "map_probabilities.npy"), np.load(tmp_path / "map.npy")
+    assert probs.shape == (20, 24, 3) and probs.dtype == np.float32
+    np.testing.assert_allclose(probs.sum(axis=2), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(probs.argmax(axis=2) + 1, label_map)
+    pixels = [(0, 0), (0, 23), (19, 0), (19, 23), (7, 11), (12, 3)]  # corners (reflect padding) and inside
+    np.testing.assert_allclose(probs[tuple(np.array(pixels).T)], pixel_probabilities(scene, pixels), atol=1e-5)
+
+    assert predict(scene, scene["envi"], tmp_path / "env.hdr", "--probabilities") == 0
+    img = envi.open(str(tmp_path / "env_probabilities.hdr"))
+    assert img.metadata["band names"] == ["red", "green", "blue"]
+    assert [v.strip() for v in img.metadata["map info"]] == MAP_INFO
+    np.testing.assert_array_equal(np.array(img.load()), probs)
+
+    assert predict(scene, scene["envi"], tmp_path / "geo.tif", "--probabilities") == 0
+    with rasterio.open(tmp_path / "geo_probabilities.tif") as src:
+        assert src.count == 3 and src.dtypes == ("float32",) * 3 and src.descriptions == ("red", "green", "blue")
+        assert src.crs.to_epsg() == 32632 and list(src.transform)[:6] == [30.0, 0.0, 500000.0, 0.0, -30.0, 4200000.0]
+        np.testing.assert_array_equal(np.moveaxis(src.read(), 0, 2), probs)
+
+    assert predict(scene, scene["envi"], tmp_path / "fig.png", "--probabilities") == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "fig_probabilities.npy"), probs)
+
+
+def test_probabilities_never_replace_a_file(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """The probability file is checked like the map before the model runs: an existing one is refused
+    (and nothing is written), and two inputs may not write the same file."""
+    (tmp_path / "map_probabilities.npy").write_bytes(b"keep")
+    assert predict(scene, scene["envi"], tmp_path / "map.npy", "--probabilities") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "map_probabilities.npy' exists; pass --overwrite" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map_probabilities.npy"]
+    assert (tmp_path / "map_probabilities.npy").read_bytes() == b"keep"
+    assert predict(scene, scene["envi"], tmp_path / "map.npy") == 0  # without the flag the file is not touched
+    assert (tmp_path / "map_probabilities.npy").read_bytes() == b"keep"
+    assert predict(scene, scene["envi"], tmp_path / "map.npy", "--probabilities", "--overwrite") == 0
+    assert np.load(tmp_path / "map_probabilities.npy").shape == (20, 24, 3)
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("a.mat", "a_probabilities.mat"):
+        (inputs / name).write_bytes(scene["cube"].read_bytes())
+    assert predict(scene, inputs, tmp_path / "out/", "--format", "npy", "--probabilities") == 2
+    assert "would be written for two inputs" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -5,6 +5,7 @@ the ``batch -> logits`` function that evaluation, export and ``sciformer predict
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,8 @@ def expand_inputs(specs: list[str]) -> list[Path]:
 
 
 def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *, fmt: str | None = None,
-                 overwrite: bool = False, many: bool = False) -> list[tuple[Path, Path]]:
+                 overwrite: bool = False, many: bool = False,
+                 beside: Callable[[Path], list[Path]] | None = None) -> list[tuple[Path, Path]]:
     """(input, output) pairs, checked before anything is loaded.
 
     One input and an ``output`` with a suffix: that file. Several inputs (or ``many``, a
@@ -145,7 +147,9 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     ``output/a<suffix>`` (``fmt``, else the input's suffix when it is an output format,
     else the first of ``suffixes``). Refused, each as a one-line error: an unknown
     suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
-    output that is one of the inputs (always).
+    output that is one of the inputs (always). ``beside(output)`` names the files a
+    predictor writes next to an output (e.g. ``--probabilities`` rasters); they are
+    checked like the output, and no file may be written twice.
     """
     folder = many or len(inputs) > 1
     if not folder and output.is_dir():
@@ -182,9 +186,15 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                                  "use .ply, .npz or .npy")
     taken = {p.resolve() for p in inputs} | {p.resolve().with_suffix(s) for p in inputs for s in _COMPANIONS.get(p.suffix.lower(), ())}
     inodes = {(st.st_dev, st.st_ino) for st in (p.stat() for p in taken if p.exists())}  # hard links, other spellings
+    planned: dict[Path, Path] = {}
     for _, out in pairs:
         written = [out] + [out.with_suffix(s) for s in _COMPANIONS.get(out.suffix.lower(), ())]
+        written += beside(out) if beside is not None else []
         for w in written:
+            first = planned.setdefault(w.resolve(), out)
+            if first != out:
+                raise SciformerError(f"--output '{w}' would be written for two inputs (as '{first.name}' and beside "
+                                     f"'{out.name}'); predict them separately")
             if w.resolve() in taken or (w.exists() and (w.stat().st_dev, w.stat().st_ino) in inodes):
                 raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
             if w.exists() and not overwrite:

@@ -3,7 +3,8 @@
 
 Maps use the ground-truth convention: (H, W) integers, 0 = unclassified / unlabelled,
 class k (1..K) = ``class_names[k - 1]``. Colours: index 0 is black, classes take
-matplotlib's ``tab20`` palette (``hsv`` beyond 20 classes).
+matplotlib's ``tab20`` palette (``hsv`` beyond 20 classes). Class probabilities
+(``predict --probabilities``) go to a second file beside the map: :func:`probability_paths`.
 """
 
 from __future__ import annotations
@@ -137,6 +138,81 @@ def save_map_envi(
             class_colors=[[int(v) for v in c] for c in colors],
             metadata={"description": description, **envi_metadata(georef)},
         )
+        os.replace(tmp_hdr.with_suffix(".img"), img_path)
+        os.replace(tmp_hdr, hdr_path)
+    return hdr_path, img_path
+
+
+# ----------------------------------------------------------------------------- probabilities
+# ``sciformer predict --probabilities`` writes the class probabilities beside the map, one band
+# per class in the map's class order, float32 in [0, 1] summing to 1 over the bands of a pixel.
+PROBABILITY_SUFFIX = "_probabilities"
+
+
+def probability_paths(map_path: str | os.PathLike[str]) -> list[Path]:
+    """Files ``--probabilities`` writes beside the map ``map_path`` (which it never replaces).
+
+    ``a.hdr`` / ``a.img`` -> ``a_probabilities.hdr`` + ``.img`` (ENVI, float32, BSQ);
+    ``a.tif`` -> ``a_probabilities.tif`` (float32 GeoTIFF); ``a.npy`` / ``a.png`` ->
+    ``a_probabilities.npy`` ((H, W, K) float32).
+    """
+    path = Path(map_path)
+    suffix = path.suffix.lower()
+    stem = path.with_name(path.stem + PROBABILITY_SUFFIX)
+    if suffix in (".hdr", ".img"):
+        return [stem.with_suffix(".hdr"), stem.with_suffix(".img")]
+    if suffix in (".tif", ".tiff"):
+        return [stem.with_suffix(path.suffix)]
+    return [stem.with_suffix(".npy")]
+
+
+def check_probabilities(probs: np.ndarray, class_names: list[str]) -> np.ndarray:
+    """``probs`` as float32 after checking it is a float (H, W, len(class_names)) array (else DataError)."""
+    p = np.asarray(probs)
+    if p.ndim != 3 or p.shape[2] != len(class_names) or p.dtype.kind != "f":
+        raise DataError(f"probabilities: expected a float (H, W, {len(class_names)}) array, got shape {p.shape} dtype {p.dtype}")
+    return p.astype(np.float32, copy=False)
+
+
+def save_probabilities_npy(path: str | os.PathLike[str], probs: np.ndarray, class_names: list[str]) -> Path:
+    """Write (H, W, K) float32 class probabilities as ``.npy``, atomically.
+
+    Shapes:
+        probs: (H, W, K), K = len(class_names)
+    """
+    path = Path(path)
+    p = check_probabilities(probs, class_names)
+    atomic_write_with(path, lambda tmp: np.save(tmp, p))
+    return path
+
+
+def save_probabilities_envi(
+    hdr_path: str | os.PathLike[str],
+    probs: np.ndarray,
+    class_names: list[str],
+    georef: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:
+    """Write class probabilities as an ENVI float32 BSQ image, one band per class.
+
+    The header's ``band names`` are the class names; ``georef`` adds the input's ``map
+    info`` and ``coordinate system string``. Data first, then header, each renamed into place.
+
+    Shapes:
+        probs: (H, W, K), K = len(class_names)
+    """
+    from spectral.io import envi
+
+    from sciformer.data.hsi.geotiff import envi_metadata
+
+    hdr_path = Path(hdr_path).with_suffix(".hdr")
+    p = check_probabilities(probs, class_names)
+    img_path = hdr_path.with_suffix(".img")
+    metadata = {"description": "sciformer class probabilities", "band names": list(class_names),
+                "data ignore value": None, **envi_metadata(georef)}
+    metadata = {k: v for k, v in metadata.items() if v is not None}
+    with tempfile.TemporaryDirectory(prefix=f".{hdr_path.stem}.", dir=hdr_path.parent) as tmp:
+        tmp_hdr = Path(tmp) / hdr_path.name
+        envi.save_image(str(tmp_hdr), p, dtype=np.float32, interleave="bsq", ext=".img", force=True, metadata=metadata)
         os.replace(tmp_hdr.with_suffix(".img"), img_path)
         os.replace(tmp_hdr, hdr_path)
     return hdr_path, img_path

@@ -15,6 +15,8 @@ from the other when missing.
 GeoTIFF maps (:func:`write_geotiff_map`) are single-band uint8 (uint16 beyond 255
 classes) with no-data 0 (unclassified), a colour table (index 0 black, classes as in
 the PNG and ENVI maps) and the class names as tags (``CLASS_NAMES`` JSON, ``CLASS_<k>``).
+Probability rasters (:func:`write_geotiff_probabilities`, ``predict --probabilities``) are
+float32 with one band per class, each described by its class name.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +186,29 @@ def read_geotiff_georef(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
 
 
+@contextlib.contextmanager
+def _quiet_without_georef(rasterio: Any) -> Iterator[None]:
+    """No NotGeoreferencedWarning for a map of an input that has no georeference (a .mat, a .npy)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        yield
+
+
+def _georef_profile(path: Path, georef: dict[str, Any] | None, rasterio: Any) -> dict[str, Any]:
+    """``transform`` / ``crs`` entries of a rasterio profile from ``georef`` (those it has)."""
+    from rasterio.transform import Affine
+
+    out: dict[str, Any] = {}
+    if georef and georef.get("transform"):
+        out["transform"] = Affine(*georef["transform"])
+    if georef and georef.get("crs_wkt"):
+        try:
+            out["crs"] = rasterio.crs.CRS.from_wkt(georef["crs_wkt"])
+        except rasterio.errors.CRSError as exc:
+            raise DataError(f"{path}: the input's coordinate system cannot be written to GeoTIFF ({exc})") from exc
+    return out
+
+
 def write_geotiff_map(
     path: str | os.PathLike[str],
     label_map: np.ndarray,
@@ -195,20 +221,12 @@ def write_geotiff_map(
     Keeps ``georef``'s transform and CRS; no-data 0; a colour table; class names as tags.
     """
     rasterio = _rasterio()
-    from rasterio.transform import Affine
-
     path = Path(path)
     m = np.asarray(label_map)
     if m.ndim != 2 or m.dtype.kind not in "uib" or (m.size and (m.min() < 0 or m.max() > len(class_names))):
         raise DataError(f"{path}: expected a 2-D map of 0..{len(class_names)}, got shape {m.shape} dtype {m.dtype}")
     dtype = "uint8" if len(class_names) < 256 else "uint16"
-    transform = Affine(*georef["transform"]) if georef and georef.get("transform") else None
-    crs = None
-    if georef and georef.get("crs_wkt"):
-        try:
-            crs = rasterio.crs.CRS.from_wkt(georef["crs_wkt"])
-        except rasterio.errors.CRSError as exc:
-            raise DataError(f"{path}: the input's coordinate system cannot be written to GeoTIFF ({exc})") from exc
+    located = _georef_profile(path, georef, rasterio)
     colors = class_colors(len(class_names))  # (K + 1, 3) uint8, row 0 black
     names = ["Unclassified", *class_names]
 
@@ -217,17 +235,49 @@ def write_geotiff_map(
                    "nodata": NO_DATA, "compress": "deflate"}
         if dtype == "uint8":
             profile["photometric"] = "palette"  # a colour-mapped image for every TIFF reader, not only GDAL
-        if transform is not None:
-            profile["transform"] = transform
-        if crs is not None:
-            profile["crs"] = crs
-        with rasterio.open(tmp, "w", **profile) as dst:
+        profile.update(located)
+        with _quiet_without_georef(rasterio), rasterio.open(tmp, "w", **profile) as dst:
             dst.write(m.astype(dtype), 1)
             if dtype == "uint8":
                 dst.write_colormap(1, {i: (*map(int, colors[i]), 255) for i in range(len(names))})
             dst.update_tags(CLASS_NAMES=json.dumps(names), TIFFTAG_IMAGEDESCRIPTION=description,
                             **{f"CLASS_{i}": n for i, n in enumerate(names)})
             dst.set_band_description(1, "class (0 = unclassified)")
+
+    atomic_write_with(path, write)
+    return path
+
+
+def write_geotiff_probabilities(
+    path: str | os.PathLike[str],
+    probs: np.ndarray,
+    class_names: list[str],
+    georef: dict[str, Any] | None = None,
+) -> Path:
+    """Write class probabilities as a float32 GeoTIFF, one band per class, atomically.
+
+    Band ``k`` (1-based) holds class ``k``'s probability and is described by its name; the
+    input's transform and CRS are kept.
+
+    Shapes:
+        probs: (H, W, K), K = len(class_names)
+    """
+    rasterio = _rasterio()
+
+    from sciformer.data.hsi.export import check_probabilities
+
+    path = Path(path)
+    p = check_probabilities(probs, class_names)
+    profile: dict[str, Any] = {"driver": "GTiff", "height": p.shape[0], "width": p.shape[1], "count": p.shape[2],
+                               "dtype": "float32", "compress": "deflate", "interleave": "band"}
+    profile.update(_georef_profile(path, georef, rasterio))
+
+    def write(tmp: Path) -> None:
+        with _quiet_without_georef(rasterio), rasterio.open(tmp, "w", **profile) as dst:
+            dst.write(np.moveaxis(p, 2, 0))  # (K, H, W)
+            dst.update_tags(CLASS_NAMES=json.dumps(list(class_names)), TIFFTAG_IMAGEDESCRIPTION="sciformer class probabilities")
+            for k, name in enumerate(class_names, start=1):
+                dst.set_band_description(k, name)
 
     atomic_write_with(path, write)
     return path

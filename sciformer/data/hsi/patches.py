@@ -205,16 +205,21 @@ def predict_scene(
     *,
     mask: np.ndarray | None = None,
     make_batch: Any = None,
+    probabilities: np.ndarray | None = None,
 ) -> np.ndarray:
     """Predict class ids (0-based) for every pixel (or ``mask`` pixels); -1 elsewhere.
 
     ``predict(batch) -> logits (n, C)``; ``make_batch(patches) -> batch dict`` (default
-    ``{"patch": patches}``). Runs under ``torch.no_grad``.
+    ``{"patch": patches}``). Runs under ``torch.no_grad``. ``probabilities``, when given,
+    is an (H, W, C) float32 array that receives the softmax of every predicted pixel
+    (other pixels are left as they are).
 
     Returns:
         (H, W) int64 map of argmax class ids, -1 where not predicted.
     """
     _, h, w = _check_padded(padded, patch_size)
+    if probabilities is not None and (probabilities.ndim != 3 or probabilities.shape[:2] != (h, w)):
+        raise DataError(f"predict_scene: probabilities must be ({h}, {w}, num_classes), got {probabilities.shape}")
     out = np.full((h, w), -1, dtype=np.int64)  # (H, W)
     with torch.no_grad():
         for patches, coords in iter_scene_batches(padded, patch_size, batch_size, mask):
@@ -226,4 +231,8 @@ def predict_scene(
             labels = logits.argmax(dim=1).cpu().numpy()  # (n,)
             c = coords.numpy()
             out[c[:, 0], c[:, 1]] = labels
+            if probabilities is not None:
+                if logits.shape[1] != probabilities.shape[2]:
+                    raise DataError(f"predict: the model gives {logits.shape[1]} classes, the probability map holds {probabilities.shape[2]}")
+                probabilities[c[:, 0], c[:, 1]] = logits.float().softmax(dim=1).cpu().numpy()  # (n, C)
     return out

@@ -16,11 +16,19 @@ from sciformer.contracts import (
 from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import HSISceneConfig
-from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
+from sciformer.data.hsi.export import (
+    probability_paths,
+    save_map_envi,
+    save_map_npy,
+    save_map_png,
+    save_probabilities_envi,
+    save_probabilities_npy,
+)
 from sciformer.data.hsi.geotiff import (
     GEOTIFF_SUFFIXES,
     georef_of,
     write_geotiff_map,
+    write_geotiff_probabilities,
 )
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import pad_cube, predict_scene
@@ -92,12 +100,14 @@ def predict_hsi_file(
     ``.tif``/``.tiff`` (GeoTIFF with the input's georeference, no-data 0, a colour table
     and class names; needs rasterio). Inputs: any cube file the dataset reads, or a GeoTIFF.
     With ``options.labels`` the overall / mean class accuracy on its labelled pixels is printed.
+    With ``options.probabilities`` the class probabilities go to a second file beside the
+    map, in the map's format (:func:`~sciformer.data.hsi.export.probability_paths`).
     The input's band set is matched to the model's by :func:`~sciformer.data.hsi.bandmatch.plan_bands`
     (centres from the file or ``options.wavelengths``; ``options.allow_band_mismatch``).
     """
     options, input_path, output_path = start_prediction(
         "hsi_scene", options, input_path, output_path, PREDICT_SUFFIXES,
-        refuse=("overlap", "rotations", "flip", "votes", "probabilities", "columns", "category"),
+        refuse=("overlap", "rotations", "flip", "votes", "columns", "category"),
         accept=("wavelengths", "allow_band_mismatch"))
     suffix = output_path.suffix.lower()
     norm = Normalizer.from_state(state_value(state, "normaliser", "hsi_scene"))
@@ -132,8 +142,9 @@ def predict_hsi_file(
             bar.update(1)
         return logits
 
+    probs = np.zeros((h, w, len(class_names)), dtype=np.float32) if options.probabilities else None  # (H, W, K)
     try:
-        ids = predict_scene(counted, padded, patch_size, batch_size, make_batch=make_batch)  # (H, W)
+        ids = predict_scene(counted, padded, patch_size, batch_size, make_batch=make_batch, probabilities=probs)  # (H, W)
     finally:
         if hasattr(bar, "close"):
             bar.close()
@@ -141,6 +152,14 @@ def predict_hsi_file(
     if options.labels is not None:
         s = map_scores(label_map, scene.gt, len(class_names))
         print(f"{input_path.name}: OA {100 * s['oa']:.2f}  AA {100 * s['aa']:.2f} on {s['pixels']} labelled pixels of {options.labels}")
+    if probs is not None:  # written first: a map on disk means its probabilities are there too
+        prob_path = probability_paths(output_path)[0]
+        if suffix in GEOTIFF_SUFFIXES:
+            write_geotiff_probabilities(prob_path, probs, class_names, georef)
+        elif suffix in (".hdr", ".img"):
+            save_probabilities_envi(prob_path, probs, class_names, georef)
+        else:
+            save_probabilities_npy(prob_path, probs, class_names)
     if suffix == ".npy":
         return save_map_npy(output_path, label_map)
     if suffix == ".png":
@@ -152,4 +171,10 @@ def predict_hsi_file(
     return output_path
 
 
+def written_beside(output_path: Path, options: PredictOptions) -> list[Path]:
+    """Files ``predict_hsi_file`` writes besides ``output_path`` (and its ENVI companion)."""
+    return probability_paths(output_path) if options.probabilities else []
+
+
 predict_hsi_file.suffixes = PREDICT_SUFFIXES  # type: ignore[attr-defined]  # checked before the model loads
+predict_hsi_file.written_beside = written_beside  # type: ignore[attr-defined]  # checked like the output itself
