@@ -264,17 +264,17 @@ def write_geotiff_probabilities(
     """
     rasterio = _rasterio()
 
-    from sciformer.data.hsi.export import check_probabilities
-
     path = Path(path)
-    p = check_probabilities(probs, class_names)
+    p = np.asarray(probs)
+    if p.ndim != 3 or p.shape[2] != len(class_names) or p.dtype.kind != "f":
+        raise DataError(f"{path}: expected float (H, W, {len(class_names)}) probabilities, got shape {p.shape} dtype {p.dtype}")
     profile: dict[str, Any] = {"driver": "GTiff", "height": p.shape[0], "width": p.shape[1], "count": p.shape[2],
                                "dtype": "float32", "compress": "deflate", "interleave": "band"}
     profile.update(_georef_profile(path, georef, rasterio))
 
     def write(tmp: Path) -> None:
         with _quiet_without_georef(rasterio), rasterio.open(tmp, "w", **profile) as dst:
-            dst.write(np.moveaxis(p, 2, 0))  # (K, H, W)
+            dst.write(np.moveaxis(p.astype(np.float32, copy=False), 2, 0))  # (K, H, W)
             dst.update_tags(CLASS_NAMES=json.dumps(list(class_names)), TIFFTAG_IMAGEDESCRIPTION="sciformer class probabilities")
             for k, name in enumerate(class_names, start=1):
                 dst.set_band_description(k, name)
