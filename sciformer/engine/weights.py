@@ -116,6 +116,18 @@ def _shapes(state: dict[str, Any]) -> dict[str, Shape | None]:
     return {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in state.items()}
 
 
+def _kind_mismatch(name: str, theirs: torch.Tensor, ours: torch.Tensor, source: str) -> str | None:
+    """One line when a checkpoint tensor holds another kind of number (integer weights for float
+    parameters, ...), which ``load_state_dict`` would convert silently; None when the kinds agree."""
+    def kind(t: torch.Tensor) -> str:
+        return "bool" if t.dtype == torch.bool else "complex" if t.is_complex() else "float" if t.is_floating_point() else "int"
+
+    if kind(theirs) == kind(ours):
+        return None
+    return (f"{source}: {name} holds {str(theirs.dtype).removeprefix('torch.')} values, the model wants "
+            f"{str(ours.dtype).removeprefix('torch.')}; the file was not written by sciformer for this model (or was altered)")
+
+
 def mismatch(own: dict[str, Any], src: dict[str, Any], ctx: Context, where: str) -> str | None:
     """One line on the first tensor of ``src`` (checkpoint) that does not fit ``own`` (the model), or None."""
     a, b = _shapes(src), _shapes(own)
@@ -130,6 +142,9 @@ def mismatch(own: dict[str, Any], src: dict[str, Any], ctx: Context, where: str)
         if a[name] != want:
             return (f"checkpoint '{where}': {name} has shape {_shape(a[name])}, the model wants {_shape(want)}: "
                     f"{reason(ctx, a[name], want)[0]}")
+        line = _kind_mismatch(name, src[name], own[name], f"checkpoint '{where}'")
+        if line is not None:
+            return line
     extra = [n for n in a if n not in b]
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
@@ -239,6 +254,9 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
     for name, tensor in own.items():
         value = src.get(name)
         if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(tensor.shape):
+            odd = _kind_mismatch(name, value, tensor, f"--init-from '{shown}'")
+            if odd is not None:
+                raise CheckpointError(odd)
             loaded.append(name)
             continue
         why = "not in the checkpoint" if not isinstance(value, torch.Tensor) else \

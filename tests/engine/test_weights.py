@@ -165,3 +165,22 @@ def test_strict_load_of_a_non_tensor_value_says_so() -> None:
     weights["head.bias"] = 3  # an altered file
     with pytest.raises(CheckpointError, match=r"^checkpoint 'c.pt': head\.bias is not a tensor \(int\), the model wants shape \(3,\)"):
         load_strict(src, {"config": exp, "data_info": dataclasses.asdict(info), "model": weights}, "c.pt", exp, dataclasses.asdict(info))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_weights_of_another_kind_of_number_are_refused_not_converted(dtype: torch.dtype, tmp_path: Path) -> None:
+    """load_state_dict would copy integer / bool / complex values into float weights silently."""
+    info = _hsi_info(20, 3)
+    src, exp = _build("spectral_spatial", info, seed=0, **SMALL)
+    weights = src.state_dict()
+    weights["head.weight"] = weights["head.weight"].round().to(dtype)  # an altered file, same shape
+    state = {"config": exp, "data_info": dataclasses.asdict(info), "model": weights}
+    kind = str(dtype).removeprefix("torch.")
+    with pytest.raises(CheckpointError, match=rf"^checkpoint 'c.pt': head\.weight holds {kind} values, the model wants float32; "):
+        load_strict(src, state, "c.pt", exp, dataclasses.asdict(info))
+    ckpt = tmp_path / "odd.pt"
+    save_checkpoint(ckpt, {"config": exp, "config_dir": str(tmp_path), **state})
+    with pytest.raises(CheckpointError, match=rf"^--init-from '.*odd\.pt': head\.weight holds {kind} values"):
+        init_from_checkpoint(src, ckpt, exp, dataclasses.asdict(info))
+    weights["head.weight"] = weights["head.weight"].real.to(torch.float64) if dtype.is_complex else weights["head.weight"].double()
+    load_strict(src, state, "c.pt", exp, dataclasses.asdict(info))  # another float width loads, as torch converts it exactly
