@@ -151,9 +151,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # Every output path is checked against every format any dataset writes before anything loads ...
     many = many or args.output.endswith(("/", os.sep))  # 'preds/': a folder, even for one input
     args.output = Path(args.output)
-    plan_outputs(inputs, args.output, prediction_suffixes(None), fmt=args.format, overwrite=args.overwrite, many=many)
+    plan_outputs(inputs, args.output, prediction_suffixes(None), fmt=args.format, overwrite=args.overwrite, many=many,
+                 read_too=read_files(args))
     with torch.no_grad():
         return _predict(args, inputs, many, options)
+
+
+def read_files(args: argparse.Namespace) -> list[Path]:
+    """Files ``predict`` reads besides its inputs (``--labels``, a ``--wavelengths`` file): never outputs."""
+    return [Path(v).expanduser() for v in (args.labels, args.wavelengths) if v and Path(v).expanduser().is_file()]
 
 
 def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: Any) -> int:
@@ -175,7 +181,7 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     # ... and against this dataset's formats before the model is built or any data read.
     written_beside = getattr(entry.predictor, "written_beside", None)
     pairs = plan_outputs(inputs, args.output, prediction_suffixes(entry.predictor), fmt=args.format,
-                         overwrite=args.overwrite, many=many,
+                         overwrite=args.overwrite, many=many, read_too=read_files(args),
                          beside=None if written_beside is None else (lambda out: written_beside(out, options)))
     exp, state, model, device = load_for_inference(args.checkpoint, list(args.overrides), args.device)
     predict = predict_fn(model, device, exp.cfg.train.amp)

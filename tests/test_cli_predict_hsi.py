@@ -201,3 +201,92 @@ def test_probabilities_never_replace_a_file(scene: dict[str, Path], tmp_path: Pa
     assert predict(scene, inputs, tmp_path / "out/", "--format", "npy", "--probabilities") == 2
     assert "would be written for two inputs" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_files_the_command_reads_are_never_written(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """An ENVI input's data file (whatever it is called), the --labels map and a --wavelengths file
+    are inputs too: no output or probability file may replace them, --overwrite or not."""
+    header, data = tmp_path / "m_probabilities.img.hdr", tmp_path / "m_probabilities.img"
+    header.write_bytes(scene["envi"].read_bytes())
+    data.write_bytes(scene["envi"].with_suffix(".img").read_bytes())
+    before = data.read_bytes()
+    assert predict(scene, header, tmp_path / "m.hdr", "--probabilities", "--overwrite") == 2
+    assert "m_probabilities.img' is an input file" in capsys.readouterr().err
+    assert data.read_bytes() == before and not (tmp_path / "m.hdr").exists()
+
+    labels = tmp_path / "g_probabilities.npy"
+    np.save(labels, np.load(scene["gt"]))
+    kept = labels.read_bytes()
+    assert predict(scene, scene["envi"], tmp_path / "g.npy", "--labels", str(labels), "--probabilities", "--overwrite") == 2
+    assert "g_probabilities.npy' is an input file" in capsys.readouterr().err
+    assert predict(scene, scene["envi"], labels, "--labels", str(labels), "--overwrite") == 2
+    assert "is an input file" in capsys.readouterr().err
+    assert labels.read_bytes() == kept and not (tmp_path / "g.npy").exists()
+
+    (tmp_path / "dangling_probabilities.npy").symlink_to(tmp_path / "nowhere.npy")
+    assert predict(scene, scene["envi"], tmp_path / "dangling.npy", "--probabilities") == 2
+    assert "dangling_probabilities.npy' exists" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere.npy").exists()
+
+
+def test_upper_case_suffixes_write_what_they_say(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """map.NPY holds the map (np.save appends '.npy' to other names); map.HDR is written as map.hdr +
+    map.img, so an existing map.hdr is refused without --overwrite and the printed path is the real one."""
+    assert predict(scene, scene["envi"], tmp_path / "map.NPY", "--probabilities") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.NPY", "map_probabilities.npy"]
+    np.testing.assert_array_equal(np.load(tmp_path / "map.NPY"), np.load(tmp_path / "map_probabilities.npy").argmax(axis=2) + 1)
+    capsys.readouterr()
+    assert predict(scene, scene["envi"], tmp_path / "env.hdr") == 0
+    assert predict(scene, scene["envi"], tmp_path / "env.HDR") == 2
+    assert "env.hdr' exists" in capsys.readouterr().err
+    assert predict(scene, scene["envi"], tmp_path / "env.HDR", "--overwrite") == 0
+    assert f"wrote {tmp_path / 'env.hdr'}" in capsys.readouterr().out
+    assert not (tmp_path / "env.HDR").exists()
+
+
+def test_values_beyond_float32_are_one_line_and_write_nothing(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """A no-data fill (-3.4e38, 1e300 in float64) becomes infinite once normalised: refused, naming the pixel."""
+    cube = scipy.io.loadmat(scene["cube"])["cube"].astype(np.float64)  # (H, W, B)
+    for value, dtype in ((np.finfo(np.float32).min, np.float32), (1e300, np.float64)):
+        bad = cube.copy()
+        bad[4, 7, 2] = value
+        np.save(tmp_path / "bad.npy", bad.astype(dtype))
+        assert predict(scene, tmp_path / "bad.npy", tmp_path / "out.npy", "--probabilities") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        # beyond float32 once normalised, or finite but so large that the model overflows (on the 3 x 3 window's pixels)
+        assert len(err) == 1 and ("1 pixel(s) leave float32's range once normalised (first at (4, 7)" in err[0]
+                                  or "non-finite scores for 9 pixel(s) of a batch (first at (3, 6))" in err[0]), err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy"]
+
+
+def test_a_failed_map_takes_its_probabilities_with_it(scene: dict[str, Path], tmp_path: Path, capsys, monkeypatch) -> None:
+    import sciformer.data.hsi.predict as hsi_predict
+    from sciformer.errors import DataError
+
+    def fail(*args, **kwargs):
+        raise DataError("map writer failed")
+
+    monkeypatch.setattr(hsi_predict, "save_map_png", fail)
+    assert predict(scene, scene["envi"], tmp_path / "m.png", "--probabilities") == 2
+    assert "map writer failed" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_odd_class_names_in_png_legend_and_envi_lists(tmp_path: Path) -> None:
+    """'$' is a literal in the PNG legend (not mathtext), braces and commas cannot break ENVI lists."""
+    cube, gt, _ = make_hsi_scene(h=12, w=12, bands=6, classes=3, block=4)
+    np.save(tmp_path / "cube.npy", cube.astype(np.float32))
+    np.save(tmp_path / "gt.npy", gt.astype(np.int64))
+    (tmp_path / "odd.yaml").write_text(
+        "name: odd\ndata:\n  name: hsi_scene\n  source: cube.npy\n  label_path: gt.npy\n"
+        "  class_names: ['$\\notacommand$', 'a}b{c', 'x,y']\n  patch_size: 3\n"
+        "  split: {kind: stratified, train_per_class: 8, val_fraction: 0.2}\n"
+        "model: {name: spectral_spatial, dim: 8, depth: 1, num_heads: 2, band_group_size: 3}\n"
+        "train: {epochs: 1, batch_size: 16, progress: never, threads: 1}\n")
+    assert main(["train", "-c", str(tmp_path / "odd.yaml"), "-o", str(tmp_path / "run")]) == 0
+    run = ["predict", "--checkpoint", str(tmp_path / "run"), "-i", str(tmp_path / "cube.npy")]
+    assert main([*run, "-o", str(tmp_path / "m.png"), "--probabilities"]) == 0
+    assert (tmp_path / "m.png").stat().st_size > 0 and (tmp_path / "m_probabilities.npy").is_file()
+    assert main([*run, "-o", str(tmp_path / "m.hdr"), "--probabilities"]) == 0
+    assert envi.read_envi_header(str(tmp_path / "m.hdr"))["class names"] == ["Unclassified", "$\\notacommand$", "a)b(c", "x-y"]
+    assert envi.open(str(tmp_path / "m_probabilities.hdr")).metadata["band names"] == ["$\\notacommand$", "a)b(c", "x-y"]

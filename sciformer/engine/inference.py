@@ -5,6 +5,7 @@ the ``batch -> logits`` function that evaluation, export and ``sciformer predict
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,24 @@ def predict_fn(model: nn.Module, device: torch.device, amp: str) -> PredictFn:
 # Inputs a folder given to ``predict --input`` contributes (point clouds and hyperspectral cubes).
 INPUT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz", ".bin",
                   ".mat", ".hdr", ".lan", ".tif", ".tiff")
-# Files a format writes beside its named output (ENVI: header + data).
-_COMPANIONS = {".hdr": (".img",), ".img": (".hdr",)}
+# ENVI outputs: a header and a data file, whatever the case of the suffix given.
+_ENVI_OUTPUT = (".hdr", ".img")
+# Where an ENVI header's data file may lie (the names readers try) and a data file's header.
+_ENVI_DATA = ("", ".img", ".dat", ".raw", ".sli", ".hyspex", ".bsq", ".bil", ".bip")
+
+
+def input_parts(path: Path) -> list[Path]:
+    """The files an input may consist of: itself and, for ENVI, every existing header / data
+    file beside it that a reader could pair with it (``a.hdr`` + ``a``, ``a.img``, ``a.dat``,
+    ... in either case; ``a.img.hdr`` + ``a.img``). Predictions never write over any of them."""
+    out = [path]
+    if path.suffix.lower() == ".hdr":
+        stems = [path.with_suffix(""), Path(str(path)[: -len(path.suffix)])]
+        names = [Path(str(stem) + ext) for stem in stems for e in _ENVI_DATA for ext in {e, e.upper()}]
+    else:
+        names = [Path(str(path) + ".hdr"), path.with_suffix(".hdr"), path.with_suffix(".HDR")]
+    out += [p for p in dict.fromkeys(names) if p != path and p.is_file()]
+    return out
 
 
 def expand_inputs(specs: list[str]) -> list[Path]:
@@ -139,7 +156,8 @@ def expand_inputs(specs: list[str]) -> list[Path]:
 
 def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *, fmt: str | None = None,
                  overwrite: bool = False, many: bool = False,
-                 beside: Callable[[Path], list[Path]] | None = None) -> list[tuple[Path, Path]]:
+                 beside: Callable[[Path], list[Path]] | None = None,
+                 read_too: list[Path] = ()) -> list[tuple[Path, Path]]:
     """(input, output) pairs, checked before anything is loaded.
 
     One input and an ``output`` with a suffix: that file. Several inputs (or ``many``, a
@@ -147,7 +165,9 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     ``output/a<suffix>`` (``fmt``, else the input's suffix when it is an output format,
     else the first of ``suffixes``). Refused, each as a one-line error: an unknown
     suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
-    output that is one of the inputs (always). ``beside(output)`` names the files a
+    output that is one of the inputs (always: every part of an ENVI pair, :func:`input_parts`,
+    and the other files the command reads, ``read_too``: ``--labels``, ``--wavelengths``),
+    an output that exists as a dangling link (unless ``overwrite``). ``beside(output)`` names the files a
     predictor writes next to an output (e.g. ``--probabilities`` rasters); they are
     checked like the output, and no file may be written twice.
     """
@@ -184,11 +204,11 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
         if out.suffix.lower() in (".las", ".laz") and inp.suffix.lower() not in (".las", ".laz"):
             raise SciformerError(f"--output '{out}': LAS/LAZ output copies a LAS/LAZ input, but '{inp.name}' is not one; "
                                  "use .ply, .npz or .npy")
-    taken = {p.resolve() for p in inputs} | {p.resolve().with_suffix(s) for p in inputs for s in _COMPANIONS.get(p.suffix.lower(), ())}
+    taken = {part.resolve() for p in [*inputs, *read_too] for part in input_parts(p)}
     inodes = {(st.st_dev, st.st_ino) for st in (p.stat() for p in taken if p.exists())}  # hard links, other spellings
     planned: dict[Path, Path] = {}
     for _, out in pairs:
-        written = [out] + [out.with_suffix(s) for s in _COMPANIONS.get(out.suffix.lower(), ())]
+        written = [out] if out.suffix.lower() not in _ENVI_OUTPUT else [out.with_suffix(".hdr"), out.with_suffix(".img")]  # ENVI: lower case
         written += beside(out) if beside is not None else []
         for w in written:
             first = planned.setdefault(w.resolve(), out)
@@ -197,7 +217,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                                      f"'{out.name}'); predict them separately")
             if w.resolve() in taken or (w.exists() and (w.stat().st_dev, w.stat().st_ino) in inodes):
                 raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
-            if w.exists() and not overwrite:
+            if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it
                 raise SciformerError(f"--output '{w}' exists; pass --overwrite to replace it")
             if w.exists() and w.is_dir():
                 raise SciformerError(f"--output '{w}' is a directory")

@@ -43,7 +43,8 @@ def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
     suffix kept for suffix-sensitive writers). When the block succeeds the file gets the
     plain-open mode, is fsynced and renamed over ``path``; otherwise it is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    # lower case: np.save / np.savez given "x.NPY" would append ".npy" and write elsewhere
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix.lower()}", dir=path.parent)
     tmp = Path(name)
     try:
         yield fd, tmp

@@ -55,6 +55,7 @@ def render_map_figure(
     from matplotlib.patches import Patch
 
     m = _check_map(label_map, class_names)
+    class_names = [str(n).replace("$", r"\$") for n in class_names]  # a literal '$', not matplotlib mathtext
     panels = [(title, m)]
     if gt is not None:
         g = _check_map(gt, class_names, "gt")
@@ -100,6 +101,12 @@ def save_map_png(
     return path
 
 
+def envi_names(names: list[str]) -> list[str]:
+    """Class names as ENVI header list items: braces delimit the list, commas separate items,
+    so ``{`` / ``}`` become ``(`` / ``)`` and ``,`` becomes ``-`` (as spectral writes it)."""
+    return [str(n).replace("{", "(").replace("}", ")").replace(",", "-") for n in names]
+
+
 def save_map_envi(
     hdr_path: str | os.PathLike[str],
     label_map: np.ndarray,
@@ -134,7 +141,7 @@ def save_map_envi(
             dtype=dtype,
             force=True,
             ext=".img",
-            class_names=[UNCLASSIFIED, *class_names],
+            class_names=envi_names([UNCLASSIFIED, *class_names]),
             class_colors=[[int(v) for v in c] for c in colors],
             metadata={"description": description, **envi_metadata(georef)},
         )
@@ -207,7 +214,7 @@ def save_probabilities_envi(
     hdr_path = Path(hdr_path).with_suffix(".hdr")
     p = check_probabilities(probs, class_names)
     img_path = hdr_path.with_suffix(".img")
-    metadata = {"description": "sciformer class probabilities", "band names": list(class_names),
+    metadata = {"description": "sciformer class probabilities", "band names": envi_names(class_names),
                 "data ignore value": None, **envi_metadata(georef)}
     metadata = {k: v for k, v in metadata.items() if v is not None}
     with tempfile.TemporaryDirectory(prefix=f".{hdr_path.stem}.", dir=hdr_path.parent) as tmp:

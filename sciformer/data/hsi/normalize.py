@@ -99,8 +99,13 @@ class Normalizer:
         return self
 
     # ------------------------------------------------------------------ applying
-    def transform(self, data: np.ndarray) -> np.ndarray:
-        """Apply to an array whose last axis is bands: (..., B) -> (..., C) float32."""
+    def transform(self, data: np.ndarray, where: str = "Normalizer") -> np.ndarray:
+        """Apply to an array whose last axis is bands: (..., B) -> (..., C) float32.
+
+        A value that leaves float32's range (a no-data fill such as -3.4e38 or 1e300 in a
+        float64 cube) is a one-line DataError naming ``where`` and the first such pixel,
+        never an infinite input that would give the model NaN outputs.
+        """
         if not self.fitted:
             raise DataError("Normalizer: not fitted yet; call fit() first")
         data = np.asarray(data)
@@ -114,9 +119,18 @@ class Normalizer:
         shift = self.shift.astype(np.float32)
         inv = (1.0 / self.scale).astype(np.float32)
         for start in range(0, flat.shape[0], _ROWS_PER_CHUNK_PIXELS):
-            chunk = (flat[start : start + _ROWS_PER_CHUNK_PIXELS].astype(np.float32) - shift) * inv  # (n, B)
-            if self.pca_basis is not None:
-                chunk = (chunk - self.pca_mean.astype(np.float32)) @ self.pca_basis.astype(np.float32)  # (n, C)
+            with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values are reported below
+                chunk = (flat[start : start + _ROWS_PER_CHUNK_PIXELS].astype(np.float32) - shift) * inv  # (n, B)
+                if self.pca_basis is not None:
+                    chunk = (chunk - self.pca_mean.astype(np.float32)) @ self.pca_basis.astype(np.float32)  # (n, C)
+            bad = ~np.isfinite(chunk).all(axis=1)  # (n,)
+            if bad.any():
+                row = start + int(bad.argmax())
+                raw = flat[row].astype(np.float64)  # (B,)
+                first = tuple(int(i) for i in np.unravel_index(row, lead)) if lead else ()
+                more = "+" if start + chunk.shape[0] < flat.shape[0] else ""
+                raise DataError(f"{where}: {int(bad.sum())}{more} pixel(s) leave float32's range once normalised (first at "
+                                f"{first}, raw value {raw[np.abs(raw).argmax()]:.3g}); a no-data fill? replace or mask it first")
             out[start : start + chunk.shape[0]] = chunk
         return out.reshape(*lead, self.out_channels)
 

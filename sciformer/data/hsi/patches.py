@@ -228,11 +228,16 @@ def predict_scene(
             if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != patches.shape[0]:
                 shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
                 raise DataError(f"predict: expected logits of shape ({patches.shape[0]}, num_classes), got {shape}")
-            labels = logits.argmax(dim=1).cpu().numpy()  # (n,)
+            probs = logits.float().softmax(dim=1).cpu().numpy()  # (n, C)
             c = coords.numpy()
-            out[c[:, 0], c[:, 1]] = labels
+            bad = ~np.isfinite(probs).all(axis=1)  # (n,)
+            if bad.any():
+                row, col = (int(v) for v in c[bad.argmax()])
+                raise DataError(f"predict: the model gives non-finite scores for {int(bad.sum())} pixel(s) of a batch (first at "
+                                f"({row}, {col})); are there values far outside the training data's range, e.g. a no-data fill?")
+            out[c[:, 0], c[:, 1]] = probs.argmax(axis=1)  # of the probabilities: the map is their argmax, ties included
             if probabilities is not None:
-                if logits.shape[1] != probabilities.shape[2]:
-                    raise DataError(f"predict: the model gives {logits.shape[1]} classes, the probability map holds {probabilities.shape[2]}")
-                probabilities[c[:, 0], c[:, 1]] = logits.float().softmax(dim=1).cpu().numpy()  # (n, C)
+                if probs.shape[1] != probabilities.shape[2]:
+                    raise DataError(f"predict: the model gives {probs.shape[1]} classes, the probability map holds {probabilities.shape[2]}")
+                probabilities[c[:, 0], c[:, 1]] = probs
     return out

@@ -124,7 +124,7 @@ def predict_hsi_file(
         norm = norm.at_wavelengths(trained.wavelengths, plan.wavelengths)
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names))
-    padded = pad_cube(norm.transform(scene.cube), patch_size, padding)  # (C, H + 2r, W + 2r)
+    padded = pad_cube(norm.transform(scene.cube, str(input_path)), patch_size, padding)  # (C, H + 2r, W + 2r)
     wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)  # (B,)
 
     def make_batch(patches: torch.Tensor) -> Batch:
@@ -152,23 +152,36 @@ def predict_hsi_file(
     if options.labels is not None:
         s = map_scores(label_map, scene.gt, len(class_names))
         print(f"{input_path.name}: OA {100 * s['oa']:.2f}  AA {100 * s['aa']:.2f} on {s['pixels']} labelled pixels of {options.labels}")
-    if probs is not None:  # written first: a map on disk means its probabilities are there too
-        prob_path = probability_paths(output_path)[0]
-        if suffix in GEOTIFF_SUFFIXES:
-            write_geotiff_probabilities(prob_path, probs, class_names, georef)
-        elif suffix in (".hdr", ".img"):
-            save_probabilities_envi(prob_path, probs, class_names, georef)
-        else:
-            save_probabilities_npy(prob_path, probs, class_names)
+    if probs is None:
+        return _write_map(output_path, label_map, class_names, scene.gt, georef)
+    prob_paths = probability_paths(output_path)  # written first: a map on disk means its probabilities are there too
+    if suffix in GEOTIFF_SUFFIXES:
+        write_geotiff_probabilities(prob_paths[0], probs, class_names, georef)
+    elif suffix in (".hdr", ".img"):
+        save_probabilities_envi(prob_paths[0], probs, class_names, georef)
+    else:
+        save_probabilities_npy(prob_paths[0], probs, class_names)
+    try:
+        return _write_map(output_path, label_map, class_names, scene.gt, georef)
+    except BaseException:  # no probabilities without their map
+        for path in prob_paths:
+            path.unlink(missing_ok=True)
+        raise
+
+
+def _write_map(output_path: Path, label_map: np.ndarray, class_names: list[str], gt: np.ndarray | None,
+               georef: dict[str, Any] | None) -> Path:
+    """The map in the format of ``output_path``'s suffix (see :func:`predict_hsi_file`)."""
+    suffix = output_path.suffix.lower()
     if suffix == ".npy":
         return save_map_npy(output_path, label_map)
     if suffix == ".png":
-        gt = scene.gt if scene.gt is not None and scene.gt.max() <= len(class_names) else None
+        gt = gt if gt is not None and gt.max() <= len(class_names) else None
         return save_map_png(output_path, label_map, class_names, gt=gt)
     if suffix in GEOTIFF_SUFFIXES:
         return write_geotiff_map(output_path, label_map, class_names, georef)
-    save_map_envi(output_path.with_suffix(".hdr"), label_map, class_names, georef=georef)
-    return output_path
+    hdr, _ = save_map_envi(output_path.with_suffix(".hdr"), label_map, class_names, georef=georef)
+    return hdr  # map.HDR / map.IMG: written as map.hdr + map.img
 
 
 def written_beside(output_path: Path, options: PredictOptions) -> list[Path]:

@@ -354,5 +354,5 @@ def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> HSISceneTask:
         raise DataError(f"{scene.source}: the split has no training pixels")
     normalizer = Normalizer(cfg.normalise, cfg.pca_components).fit(scene.cube, split.train > 0)
     facts = _SceneFacts(scene.source, *scene.shape, labelled=scene.num_labelled or sum(split.counts().values()))
-    padded = pad_cube(normalizer.transform(scene.cube), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
+    padded = pad_cube(normalizer.transform(scene.cube, str(scene.source)), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
     return HSISceneTask(cfg, split, normalizer, padded, class_names, scene.wavelengths, scene.gt, facts)

@@ -155,3 +155,17 @@ def test_bad_arguments(scene):
         PatchDataset(padded, np.array([[0, 0], [1, 1]]), np.array([0]), 3)
     with pytest.raises(DataError, match="batch_size"):
         next(iter_scene_batches(padded, 3, 0))
+
+
+def test_scene_map_is_the_argmax_of_the_probabilities_even_at_float32_ties() -> None:
+    """Logits 1e-8 apart are distinct, their float32 softmax is not: the map follows the probabilities."""
+    padded = pad_cube(np.zeros((4, 5, 2), np.float32), 3, "reflect")
+
+    def predict(batch: dict) -> torch.Tensor:
+        n = batch["patch"].shape[0]
+        return torch.tensor([[0.1, 0.1 + 1e-8]], dtype=torch.float64).expand(n, 2)  # (n, 2)
+
+    probs = np.zeros((4, 5, 2), np.float32)
+    ids = predict_scene(predict, padded, 3, 7, probabilities=probs)
+    np.testing.assert_array_equal(ids, probs.argmax(axis=2))
+    np.testing.assert_allclose(probs, 0.5)
