@@ -153,8 +153,16 @@ class Predictor:
             else:
                 input_path = self._write_points(tmp_dir, data, features)
             opts = PredictOptions(probabilities=self.kind in ("points", "hsi"), wavelengths=wavelengths, **options)
-            with torch.no_grad():
-                return self._run(dict(self.data_state), input_path, tmp_dir, batch_size, opts)
+            try:
+                with torch.no_grad():
+                    return self._run(dict(self.data_state), input_path, tmp_dir, batch_size, opts)
+            except SciformerError as exc:
+                if input_path.parent != tmp_dir:
+                    raise
+                # the array was handed over as a temporary file: name what the caller passed instead
+                what = "the cube array" if self.kind == "hsi" else "the point array"
+                text = str(exc).replace(str(input_path), what).replace(input_path.name, what)
+                raise type(exc)(text) from None
 
     def _run(self, state: dict[str, Any], input_path: Path, tmp_dir: Path, batch_size: int, options: Any) -> Prediction:
         predictor, cfg = self.entry.predictor, self.experiment.data_params
