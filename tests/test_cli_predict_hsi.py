@@ -193,6 +193,9 @@ def test_probabilities_never_replace_a_file(scene: dict[str, Path], tmp_path: Pa
     assert (tmp_path / "map_probabilities.npy").read_bytes() == b"keep"
     assert predict(scene, scene["envi"], tmp_path / "map.npy", "--probabilities", "--overwrite") == 0
     assert np.load(tmp_path / "map_probabilities.npy").shape == (20, 24, 3)
+    (tmp_path / "d_probabilities.npy").mkdir()
+    assert predict(scene, scene["envi"], tmp_path / "d.npy", "--probabilities", "--overwrite") == 2
+    assert capsys.readouterr().err.strip().endswith("d_probabilities.npy' is a directory")
 
     inputs = tmp_path / "in"
     inputs.mkdir()

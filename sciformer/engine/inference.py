@@ -217,10 +217,10 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                                      f"'{out.name}'); predict them separately")
             if w.resolve() in taken or (w.exists() and (w.stat().st_dev, w.stat().st_ino) in inodes):
                 raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
+            if w.is_dir():  # --overwrite would not help
+                raise SciformerError(f"--output '{w}' is a directory")
             if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it
                 raise SciformerError(f"--output '{w}' exists; pass --overwrite to replace it")
-            if w.exists() and w.is_dir():
-                raise SciformerError(f"--output '{w}' is a directory")
     return pairs
 
 
