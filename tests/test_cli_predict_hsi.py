@@ -166,7 +166,7 @@ def test_probabilities_beside_the_map_in_every_format(scene: dict[str, Path], tm
 
     assert predict(scene, scene["envi"], tmp_path / "env.hdr", "--probabilities") == 0
     img = envi.open(str(tmp_path / "env_probabilities.hdr"))
-    assert img.metadata["band names"] == ["red", "green", "blue"]
+    assert img.metadata["band names"] == ["red", "green", "blue"] and img.metadata["interleave"] == "bsq"
     assert [v.strip() for v in img.metadata["map info"]] == MAP_INFO
     np.testing.assert_array_equal(np.array(img.load()), probs)
 

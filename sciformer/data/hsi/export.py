@@ -132,19 +132,21 @@ def save_map_envi(
     m = _check_map(label_map, class_names)
     dtype = np.uint8 if len(class_names) < 256 else np.uint16
     colors = class_colors(len(class_names))
+    return _write_envi_pair(hdr_path, lambda tmp_hdr: envi.save_classification(
+        str(tmp_hdr), m.astype(dtype), dtype=dtype, force=True, ext=".img",
+        class_names=envi_names([UNCLASSIFIED, *class_names]),
+        class_colors=[[int(v) for v in c] for c in colors],
+        metadata={"description": description, **envi_metadata(georef)},
+    ))
+
+
+def _write_envi_pair(hdr_path: Path, write: Any) -> tuple[Path, Path]:
+    """``write(tmp_header)`` makes a header + ``.img`` pair in a temporary sibling folder; the
+    data file, then the header, are renamed to ``hdr_path`` / its ``.img``. Returns both."""
     img_path = hdr_path.with_suffix(".img")
     with tempfile.TemporaryDirectory(prefix=f".{hdr_path.stem}.", dir=hdr_path.parent) as tmp:
         tmp_hdr = Path(tmp) / hdr_path.name
-        envi.save_classification(
-            str(tmp_hdr),
-            m.astype(dtype),
-            dtype=dtype,
-            force=True,
-            ext=".img",
-            class_names=envi_names([UNCLASSIFIED, *class_names]),
-            class_colors=[[int(v) for v in c] for c in colors],
-            metadata={"description": description, **envi_metadata(georef)},
-        )
+        write(tmp_hdr)
         os.replace(tmp_hdr.with_suffix(".img"), img_path)
         os.replace(tmp_hdr, hdr_path)
     return hdr_path, img_path
@@ -173,22 +175,16 @@ def probability_paths(map_path: str | os.PathLike[str]) -> list[Path]:
     return [stem.with_suffix(".npy")]
 
 
-def check_probabilities(probs: np.ndarray, class_names: list[str]) -> np.ndarray:
-    """``probs`` as float32 after checking it is a float (H, W, len(class_names)) array (else DataError)."""
-    p = np.asarray(probs)
-    if p.ndim != 3 or p.shape[2] != len(class_names) or p.dtype.kind != "f":
-        raise DataError(f"probabilities: expected a float (H, W, {len(class_names)}) array, got shape {p.shape} dtype {p.dtype}")
-    return p.astype(np.float32, copy=False)
-
-
 def save_probabilities_npy(path: str | os.PathLike[str], probs: np.ndarray, class_names: list[str]) -> Path:
     """Write (H, W, K) float32 class probabilities as ``.npy``, atomically.
 
     Shapes:
         probs: (H, W, K), K = len(class_names)
     """
+    from sciformer.data.hsi.geotiff import check_probabilities
+
     path = Path(path)
-    p = check_probabilities(probs, class_names)
+    p = check_probabilities(probs, class_names, path)
     atomic_write_with(path, lambda tmp: np.save(tmp, p))
     return path
 
@@ -209,17 +205,10 @@ def save_probabilities_envi(
     """
     from spectral.io import envi
 
-    from sciformer.data.hsi.geotiff import envi_metadata
+    from sciformer.data.hsi.geotiff import check_probabilities, envi_metadata
 
     hdr_path = Path(hdr_path).with_suffix(".hdr")
-    p = check_probabilities(probs, class_names)
-    img_path = hdr_path.with_suffix(".img")
-    metadata = {"description": "sciformer class probabilities", "band names": envi_names(class_names),
-                "data ignore value": None, **envi_metadata(georef)}
-    metadata = {k: v for k, v in metadata.items() if v is not None}
-    with tempfile.TemporaryDirectory(prefix=f".{hdr_path.stem}.", dir=hdr_path.parent) as tmp:
-        tmp_hdr = Path(tmp) / hdr_path.name
-        envi.save_image(str(tmp_hdr), p, dtype=np.float32, interleave="bsq", ext=".img", force=True, metadata=metadata)
-        os.replace(tmp_hdr.with_suffix(".img"), img_path)
-        os.replace(tmp_hdr, hdr_path)
-    return hdr_path, img_path
+    p = check_probabilities(probs, class_names, hdr_path)
+    metadata = {"description": "sciformer class probabilities", "band names": envi_names(class_names), **envi_metadata(georef)}
+    return _write_envi_pair(hdr_path, lambda tmp_hdr: envi.save_image(
+        str(tmp_hdr), p, dtype=np.float32, interleave="bsq", ext=".img", force=True, metadata=metadata))

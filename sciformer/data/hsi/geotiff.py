@@ -248,6 +248,15 @@ def write_geotiff_map(
     return path
 
 
+def check_probabilities(probs: np.ndarray, class_names: list[str], path: Path) -> np.ndarray:
+    """``probs`` as float32 after checking it is a float (H, W, len(class_names)) array (else a
+    DataError naming ``path``, the file it was to be written to)."""
+    p = np.asarray(probs)
+    if p.ndim != 3 or p.shape[2] != len(class_names) or p.dtype.kind != "f":
+        raise DataError(f"{path}: expected float (H, W, {len(class_names)}) probabilities, got shape {p.shape} dtype {p.dtype}")
+    return p.astype(np.float32, copy=False)
+
+
 def write_geotiff_probabilities(
     path: str | os.PathLike[str],
     probs: np.ndarray,
@@ -265,16 +274,14 @@ def write_geotiff_probabilities(
     rasterio = _rasterio()
 
     path = Path(path)
-    p = np.asarray(probs)
-    if p.ndim != 3 or p.shape[2] != len(class_names) or p.dtype.kind != "f":
-        raise DataError(f"{path}: expected float (H, W, {len(class_names)}) probabilities, got shape {p.shape} dtype {p.dtype}")
+    p = check_probabilities(probs, class_names, path)
     profile: dict[str, Any] = {"driver": "GTiff", "height": p.shape[0], "width": p.shape[1], "count": p.shape[2],
                                "dtype": "float32", "compress": "deflate", "interleave": "band"}
     profile.update(_georef_profile(path, georef, rasterio))
 
     def write(tmp: Path) -> None:
         with _quiet_without_georef(rasterio), rasterio.open(tmp, "w", **profile) as dst:
-            dst.write(np.moveaxis(p.astype(np.float32, copy=False), 2, 0))  # (K, H, W)
+            dst.write(np.moveaxis(p, 2, 0))  # (K, H, W)
             dst.update_tags(CLASS_NAMES=json.dumps(list(class_names)), TIFFTAG_IMAGEDESCRIPTION="sciformer class probabilities")
             for k, name in enumerate(class_names, start=1):
                 dst.set_band_description(k, name)
