@@ -21,7 +21,7 @@ HSI_YAML = ("name: api_hsi\ndata:\n  name: hsi_scene\n  source: cube.npy\n  labe
             "  split: {kind: stratified, train_per_class: 8, val_fraction: 0.2}\n"
             "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
             "train: {epochs: 1, batch_size: 16, progress: never, threads: 1}\n")
-S3DIS_TINY = ["data.crop_points=100", "data.loop=2", "data.val_fraction=0.5", "train.epochs=1", "train.batch_size=2",
+S3DIS_TINY = ["data.crop_points=100", "train.grad_clip=1.0", "data.loop=2", "data.val_fraction=0.5", "train.epochs=1", "train.batch_size=2",
               "train.threads=1", "train.progress=never", "model.channels=[8,16,32,64,128]", "export.ply=false",
               "export.png=false"]
 

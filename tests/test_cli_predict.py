@@ -215,3 +215,21 @@ def test_inference_applies_the_training_thread_default(run: Path) -> None:
         assert torch.get_num_threads() == default_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_gross_outlier_changes_no_other_point(run: Path, scans: Path, tmp_path: Path) -> None:
+    """A no-data point (x = 1e6, x = -1e6, or z far below the ground) put in a scan: every other
+    point gets exactly the probabilities it gets without it; the outlier gets a row of its own."""
+    points = np.load(scans / "seq01_000000_points.npy")[:6000].astype(np.float32)  # (6000, 3)
+    np.save(tmp_path / "clean.npy", points)
+    assert predict(run, "-i", str(tmp_path / "clean.npy"), "-o", str(tmp_path / "clean.ply"), "--probabilities") == 0
+    clean = read_point_file(tmp_path / "clean.ply")
+    for name, (row, outlier) in {"x": (77, [1e6, 0.0, 0.0]), "-x": (0, [-1e6, 3.0, 0.0]), "z": (6000, [5.0, 2.0, -5000.0])}.items():
+        dirty = np.insert(points, row, outlier, axis=0)  # (6001, 3)
+        np.save(tmp_path / f"{name}.npy", dirty)
+        assert predict(run, "-i", str(tmp_path / f"{name}.npy"), "-o", str(tmp_path / f"{name}.ply"), "--probabilities") == 0
+        out = read_point_file(tmp_path / f"{name}.ply")
+        others = np.arange(len(dirty)) != row
+        for key in [k for k in clean if k.startswith("prob_")] + ["pred"]:
+            np.testing.assert_array_equal(out[key][others], clean[key], err_msg=f"{name}: {key}")
+        assert out["valid"].all() and out["pred"][row] >= 0

@@ -33,16 +33,51 @@ from sciformer.data.transforms import (
 )
 from sciformer.errors import DataError
 
-__all__ = ["Chunk", "plan_chunks", "predict_chunked", "tta_views"]
+__all__ = ["Chunk", "detached_points", "partition_points", "plan_chunks", "split_detached", "predict_chunked", "tta_views"]
 
 
-def partition_points(coord: np.ndarray, max_points: int | None) -> list[np.ndarray]:
-    """Split points into compact parts of at most ``max_points`` (all in one part when None).
+def detached_points(coord: np.ndarray, share: float = 0.001, gap: float = 0.5) -> list[np.ndarray]:
+    """Gross outliers: the points beyond an empty gap at either end of an axis.
 
-    Parts come from recursive median splits along the longer horizontal extent, so
-    they are balanced (more than ``max_points / 2`` points each) and spatially
-    compact. Returns index arrays into ``coord`` that cover every point once.
+    Along each axis the sorted coordinates are searched, within the ``share`` of points at
+    either end (at least one point), for a step wider than ``gap`` times the extent of the
+    remaining points; the points beyond it are *detached* (a no-data value such as 1e6 or
+    -9999, a stray return far below the ground). Chunks are centred on their bounding box
+    (:class:`~sciformer.data.transforms.CenterShift`), so one such point would move every
+    other point of its chunk far from where the model saw points in training; detached
+    points are predicted in chunks of their own instead. Clouds of fewer than 8 points
+    detach nothing.
+
+    Shapes: coord (n, d) -> index arrays (sorted, disjoint), one per detached group;
+    usually none.
     """
+    n = coord.shape[0]
+    tail = max(1, int(share * n))
+    groups: list[np.ndarray] = []
+    if n < 8:
+        return groups
+    taken = np.zeros(n, dtype=bool)
+    for axis in range(coord.shape[1]):
+        order = np.argsort(coord[:, axis], kind="stable")  # (n,)
+        values = coord[order, axis].astype(np.float64)  # (n,) sorted
+        width = gap * (values[n - 1 - tail] - values[tail])
+        if not width > 0:  # flat axis (or NaN): nothing to measure a gap against
+            continue
+        steps = np.diff(values)  # (n - 1,) steps[i] = values[i + 1] - values[i]
+        low = np.flatnonzero(steps[:tail] > width)
+        high = np.flatnonzero(steps[n - 1 - tail :] > width)
+        ends = ([order[: low[-1] + 1]] if len(low) else []) + ([order[n - tail + high[0] :]] if len(high) else [])
+        for idx in ends:
+            idx = idx[~taken[idx]]
+            if len(idx):
+                taken[idx] = True
+                groups.append(np.sort(idx).astype(np.int64))
+    return groups
+
+
+def _median_parts(coord: np.ndarray, max_points: int | None) -> list[np.ndarray]:
+    """Recursive median cuts along the longer horizontal extent into parts of at most
+    ``max_points`` (one part when None or when the cloud fits)."""
     n = coord.shape[0]
     if not max_points or n <= max_points:
         return [np.arange(n)]
@@ -61,6 +96,36 @@ def partition_points(coord: np.ndarray, max_points: int | None) -> list[np.ndarr
     return parts
 
 
+def split_detached(coord: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(rest, groups): the indices of the points kept together, and the detached groups."""
+    groups = detached_points(coord)
+    if not groups:
+        return np.arange(coord.shape[0]), groups
+    keep = np.ones(coord.shape[0], dtype=bool)
+    for group in groups:
+        keep[group] = False
+    return np.flatnonzero(keep), groups
+
+
+def _pieces(index: np.ndarray, max_points: int | None) -> list[np.ndarray]:
+    """``index`` cut into consecutive pieces of at most ``max_points``."""
+    step = max_points or len(index)
+    return [index[i : i + step] for i in range(0, len(index), step)]
+
+
+def partition_points(coord: np.ndarray, max_points: int | None) -> list[np.ndarray]:
+    """Split points into compact parts of at most ``max_points`` (all in one part when None).
+
+    Parts come from recursive median splits along the longer horizontal extent, so
+    they are balanced (more than ``max_points / 2`` points each) and spatially
+    compact. Gross outliers (:func:`detached_points`) form parts of their own, last.
+    Returns index arrays into ``coord`` that cover every point once.
+    """
+    rest, groups = split_detached(coord)
+    parts = [rest[p] for p in _median_parts(coord[rest], max_points)]
+    return parts + [piece for group in groups for piece in _pieces(group, max_points)]
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One chunk: ``index`` (m,) int64 positions into the cloud, its ``core`` points first."""
@@ -75,7 +140,8 @@ def plan_chunks(coord: np.ndarray, max_points: int | None, overlap: float = 0.25
     Cores hold at most ``max_points / (1 + overlap)`` points; each gets ``overlap`` times
     its size of the points closest to its horizontal bounding box (Chebyshev distance in
     x, y) as context, so a chunk never exceeds ``max_points``. ``max_points=None`` or a cloud that fits gives one chunk of
-    every point in input order.
+    every point in input order. Gross outliers (:func:`detached_points`) are chunks of
+    their own, last, without context, and never context of another chunk.
 
     Shapes:
         coord: (n, 3) -> chunks with index (m_i,), m_i <= max_points
@@ -87,18 +153,20 @@ def plan_chunks(coord: np.ndarray, max_points: int | None, overlap: float = 0.25
         raise DataError(f"plan_chunks: max_points must be >= 1 or None, got {max_points}")
     if not 0.0 <= overlap:
         raise DataError(f"plan_chunks: overlap must be >= 0, got {overlap}")
-    n = coord.shape[0]
+    rest, groups = split_detached(coord)
+    detached = [Chunk(piece, len(piece)) for group in groups for piece in _pieces(group, max_points)]
+    n = len(rest)
     if max_points is None or n <= max_points:
-        return [Chunk(np.arange(n, dtype=np.int64), n)]
+        return [Chunk(rest.astype(np.int64), n), *detached]
     core_points = max(1, int(max_points / (1.0 + overlap)))
-    xy = np.ascontiguousarray(coord[:, :2], dtype=np.float64)  # (n, 2)
+    xy = np.ascontiguousarray(coord[rest, :2], dtype=np.float64)  # (n, 2) detached points are never context
     chunks = []
     in_core = np.zeros(n, dtype=bool)
-    for core in partition_points(coord, core_points):
+    for core in _median_parts(coord[rest], core_points):
         core = np.sort(core).astype(np.int64)
         extra = min(int(overlap * len(core)), max_points - len(core), n - len(core))
         if extra <= 0:
-            chunks.append(Chunk(core, len(core)))
+            chunks.append(Chunk(rest[core], len(core)))
             continue
         lo, hi = xy[core].min(axis=0), xy[core].max(axis=0)  # (2,)
         gap = np.maximum(np.maximum(lo - xy, xy - hi), 0.0).max(axis=1)  # (n,) distance to the box
@@ -106,8 +174,8 @@ def plan_chunks(coord: np.ndarray, max_points: int | None, overlap: float = 0.25
         gap[in_core] = np.inf
         in_core[core] = False
         context = np.argpartition(gap, extra - 1)[:extra]  # (extra,) nearest non-core points
-        chunks.append(Chunk(np.concatenate([core, np.sort(context)]), len(core)))
-    return chunks
+        chunks.append(Chunk(rest[np.concatenate([core, np.sort(context)])], len(core)))
+    return chunks + detached
 
 
 def tta_views(rotations: int = 1, flip: bool = False) -> list[Transform | None]:
@@ -136,6 +204,19 @@ class _Both(Transform):
         return self.second(self.first(sample, rng), rng)
 
 
+def _check_finite(probs: np.ndarray, rows: np.ndarray, point_ids: np.ndarray | None) -> None:
+    """DataError naming the first point whose probabilities are not finite.
+
+    Shapes: probs (N, C), rows (N,) their rows in the cloud.
+    """
+    bad = ~np.isfinite(probs).all(axis=1)  # (N,)
+    if bad.any():
+        bad_rows = np.unique(rows[bad])  # (b,) sorted
+        first = int(bad_rows[0] if point_ids is None else np.asarray(point_ids)[bad_rows].min())
+        raise DataError(f"predict: the model gives non-finite scores for {len(bad_rows)} point(s) of a chunk (first: point {first}); "
+                        "are there coordinates or feature values far outside the training data's range, e.g. a no-data fill?")
+
+
 def predict_chunked(
     predict: PredictFn,
     sample: Sample,
@@ -148,6 +229,7 @@ def predict_chunked(
     views: Sequence[Transform | None] = (None,),
     collate: Callable[[list[Sample]], Batch] = collate_points,
     progress: Callable[[int, int], None] | None = None,
+    point_ids: np.ndarray | None = None,
 ) -> np.ndarray:
     """Class probabilities of every point of a cloud, predicted chunk by chunk.
 
@@ -164,6 +246,12 @@ def predict_chunked(
             ``prepare``; ``None`` is the unchanged chunk.
         collate: items -> batch dict.
         progress: called with (done, total) model calls.
+        point_ids: (n,) the points' numbers as the user knows them (rows of the file),
+            for error messages; None: their rows in ``sample``.
+
+    Raises:
+        DataError: the model gives non-finite scores for some point (inputs far outside
+            the training data's range); nothing is returned for a partly NaN cloud.
 
     Returns:
         (n, num_classes) float32: the summed softmax of every chunk and view covering a
@@ -196,6 +284,7 @@ def predict_chunked(
         if tuple(logits.shape) != (int(batch["offset"][-1]), num_classes):
             raise DataError(f"predict returned logits of shape {tuple(logits.shape)}, expected ({int(batch['offset'][-1])}, {num_classes})")
         probs = torch.softmax(logits, dim=1).cpu().numpy()  # (N, C)
+        _check_finite(probs, np.concatenate([chunk.index for chunk, _ in part]), point_ids)
         first = 0
         for chunk, _ in part:
             m = len(chunk.index)

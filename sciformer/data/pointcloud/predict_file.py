@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.contracts import PredictFn, PredictOptions
-from sciformer.data.pointcloud.chunking import predict_chunked, tta_views
+from sciformer.data.pointcloud.chunking import predict_chunked, split_detached, tta_views
 from sciformer.data.pointcloud.export import PointPrediction
 from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.sample import assemble_features
@@ -90,6 +90,8 @@ def predict_cloud(
     ``max_points`` (recentred in x, y and by ``part_z`` in z, then ``transform`` and the
     features, as the scene datasets make their items), with ``options.overlap`` context
     points per core point and the test-time views of ``options.rotations`` / ``options.flip``.
+    Gross outliers (:func:`~sciformer.data.pointcloud.chunking.detached_points`) are
+    predicted as clouds of their own, so they change nothing for the other points.
     A progress bar shows on a terminal.
 
     Shapes: sample coord (n, 3) -> probs (n, C), valid (n,).
@@ -101,13 +103,12 @@ def predict_cloud(
     if not valid.any():
         return PointPrediction(probs, valid, list(class_names))
     rows = np.flatnonzero(valid)
-    sub = index_points(sample, rows) if len(rows) < n else dict(sample)
-    sub = {k: v for k, v in sub.items() if k in ("coord", "label", "category") or k in features}
-    sub["coord"] = np.asarray(sub["coord"], dtype=np.float64)
-    if grid_size:
-        keep, inverse = grid_sample_indices(sub["coord"], grid_size)
-    else:
-        keep, inverse = np.arange(len(rows)), np.arange(len(rows))
+    cloud = index_points(sample, rows) if len(rows) < n else dict(sample)
+    cloud = {k: v for k, v in cloud.items() if k in ("coord", "label", "category") or k in features}
+    cloud["coord"] = np.asarray(cloud["coord"], dtype=np.float64)
+    # gross outliers (a no-data x of 1e6) are predicted on their own: with the others they
+    # would move the voxel grid's anchor and every chunk's centre
+    rest, detached = split_detached(cloud["coord"])
     shift = CenterShift(z=part_z)  # type: ignore[arg-type]
     transform = transform or Compose([])
 
@@ -115,18 +116,27 @@ def predict_cloud(
         return assemble_features(transform(shift(piece), np.random.default_rng([0, 0])), features, "chunk")
 
     bar = progress(iter(()), desc, total=None)
+    done_before = 0
 
     def tick(done: int, total: int) -> None:
         if hasattr(bar, "update"):
-            bar.total = total
-            bar.update(done - bar.n)
+            bar.total = done_before + total
+            bar.update(done_before + done - bar.n)
 
     try:
-        kept = predict_chunked(predict, index_points(sub, keep), prepare, num_classes=num_classes,
-                               max_points=max_points, overlap=options.overlap, batch_size=batch_size,
-                               views=tta_views(options.rotations, options.flip), progress=tick)  # (m, C)
+        for part in [rest, *detached]:
+            sub = index_points(cloud, part) if len(part) < len(rows) else cloud
+            if grid_size:
+                keep, inverse = grid_sample_indices(sub["coord"], grid_size)
+            else:
+                keep, inverse = np.arange(len(part)), np.arange(len(part))
+            kept = predict_chunked(predict, index_points(sub, keep), prepare, num_classes=num_classes,
+                                   max_points=max_points, overlap=options.overlap, batch_size=batch_size,
+                                   views=tta_views(options.rotations, options.flip), progress=tick,
+                                   point_ids=rows[part[keep]])  # (m, C)
+            probs[rows[part]] = kept[inverse]
+            done_before = int(bar.n) if hasattr(bar, "n") else 0
     finally:
         if hasattr(bar, "close"):
             bar.close()
-    probs[rows] = kept[inverse]
     return PointPrediction(probs, valid, list(class_names))

@@ -222,7 +222,7 @@ def predict_scene(
 
         probs = predict_chunked(predict, index_points(full, keep), dataset.prepare, num_classes=num_classes,
                                 max_points=dataset.max_points, overlap=overlap, batch_size=batch_size,
-                                views=views, collate=collate)  # (m, C)
+                                views=views, collate=collate, point_ids=keep)  # (m, C)
         return probs.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
     item_ids = [i for i, (s, _) in enumerate(dataset.items) if s == scene]
     logits_kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from sciformer.contracts import DataInfo
-from sciformer.data.pointcloud.chunking import plan_chunks, predict_chunked, tta_views
+from sciformer.data.pointcloud.chunking import detached_points, plan_chunks, predict_chunked, tta_views
 from sciformer.data.pointcloud.sample import assemble_features, collate_points
 from sciformer.data.pointcloud.scenes import ArrayScene, SceneEvalDataset, predict_scene
 from sciformer.data.transforms import CenterShift
@@ -117,3 +119,89 @@ def test_scene_prediction_with_overlap_maps_back_to_every_point() -> None:
     np.testing.assert_array_equal(plain, merged)
     _, keep, inverse, _ = dataset._scene(0)
     np.testing.assert_array_equal(merged, colour[keep].argmax(axis=1)[inverse])
+
+
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("max_points", [None, 120])
+def test_non_finite_scores_are_one_line_naming_a_poisoned_point(bad_value: float, max_points: int | None) -> None:
+    """A point whose scores are not finite is refused, wherever it falls among the chunks,
+    and named by its number in the user's file (``point_ids``), not by its chunk row."""
+    coord = cloud(500, seed=3)
+    poisoned = np.array([417, 33, 250])  # rows of the sample; the file numbers them 10x
+    good = pointwise_predict()
+
+    def predict(batch, value=bad_value):
+        logits = good(batch).clone()  # (N, 4)
+        logits[np.isin(batch["coord"][:, 0].numpy(), coord[poisoned, 0].astype(np.float32)), 1] = value
+        return logits
+
+    pattern = r"^predict: the model gives non-finite scores for (\d) point\(s\) of a chunk \(first: point (\d+)\); "
+    with pytest.raises(DataError, match=pattern) as err:
+        predict_chunked(predict, {"coord": coord}, keep_coord, num_classes=4, max_points=max_points,
+                        overlap=0.25, point_ids=np.arange(500) * 10)
+    count, first = re.match(pattern, str(err.value)).groups()
+    assert "\n" not in str(err.value) and int(first) in poisoned * 10
+    if max_points is None:  # one chunk holds them all
+        assert (count, first) == ("3", "330")
+    with pytest.raises(DataError, match=r"\(first: point 33\)"):  # without ids: the sample's row
+        predict_chunked(predict, {"coord": coord}, keep_coord, num_classes=4, max_points=None)
+    # a logit of -inf is a probability of 0, not an error
+    probs = predict_chunked(lambda b: predict(b, -float("inf")), {"coord": coord}, keep_coord, num_classes=4,
+                            max_points=max_points)
+    assert np.isfinite(probs).all() and (probs[poisoned, 1] == 0).all()
+
+
+def with_outliers(coord: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``coord`` with gross outliers put in among its rows: a no-data x of 1e6, a z of
+    -9999 (far below the ground) and a y near float32's limit. Returns (cloud, their rows)."""
+    extra = np.array([[1e6, 5.0, 1.0], [3.0, 4.0, -9999.0], [8.0, -3.0e38, 2.0], [1e6, 1e6, 1e6]])
+    rows = np.array([5, 400, 401, len(coord) + 3])  # rows they take in the result
+    cloud = np.insert(coord, rows - np.arange(4), extra, axis=0)  # (n + 4, 3)
+    assert np.array_equal(cloud[rows], extra)
+    return cloud, rows
+
+
+def test_gross_outliers_are_detached_and_change_nothing_else() -> None:
+    coord = cloud(3000, seed=4)
+    dirty, rows = with_outliers(coord)
+    rest = np.setdiff1d(np.arange(len(dirty)), rows)
+    assert np.array_equal(np.sort(np.concatenate(detached_points(dirty))), rows)
+    assert detached_points(coord) == []
+    for max_points, overlap in ((None, 0.25), (700, 0.25), (700, 0.0)):
+        clean, mixed = plan_chunks(coord, max_points, overlap), plan_chunks(dirty, max_points, overlap)
+        kept = [c for c in mixed if not np.isin(c.index, rows).any()]
+        alone = [c for c in mixed if np.isin(c.index, rows).any()]
+        assert [(rest[c.index].tolist(), c.core) for c in clean] == [(c.index.tolist(), c.core) for c in kept]
+        assert all(np.isin(c.index, rows).all() and c.core == len(c.index) for c in alone)  # no context
+    # and the prediction of every other point is the clean one, with centring that a
+    # single far point would otherwise drag
+    centred = lambda sample: keep_coord(CenterShift(z="min")(sample))  # noqa: E731
+    expected = predict_chunked(pointwise_predict(), {"coord": coord}, centred, num_classes=4, max_points=700)
+    probs = predict_chunked(pointwise_predict(), {"coord": dirty}, centred, num_classes=4, max_points=700)
+    np.testing.assert_array_equal(probs[rest], expected)
+    assert np.isfinite(probs).all()
+
+
+def test_what_is_not_detached() -> None:
+    coord = cloud(3000, seed=5)
+    far_cluster = np.vstack([coord, cloud(40, seed=6) + [0.0, 0.0, 50.0]])  # 1.3 % of the points: real structure
+    assert detached_points(far_cluster) == []
+    near = np.vstack([coord, [[10.0, 5.0, 4.0]]])  # 1 m above the top: inside half the extent
+    assert detached_points(near) == []
+    assert detached_points(np.vstack([coord[:7], [[1e6, 0.0, 0.0]]])) != []  # 8 points: measured
+    assert detached_points(np.vstack([coord[:6], [[1e6, 0.0, 0.0]]])) == []  # 7: too few to tell
+    flat = coord.copy()
+    flat[:, 2] = 0.0
+    assert detached_points(flat) == []
+
+
+def test_real_clouds_detach_nothing(data_root) -> None:
+    """The LiDAR tiles and SemanticKITTI scans of the README are chunked as before."""
+    from sciformer.data.pointcloud.io import read_point_file
+
+    paths = sorted((data_root / "lidar").glob("*.la[sz]")) + sorted((data_root / "semantickitti_scans").glob("*_points.npy"))
+    if not paths:
+        pytest.skip("real point clouds absent (set SCIFORMER_DATA)")
+    for path in paths:
+        coord = np.asarray(read_point_file(path)["coord"], dtype=np.float64)[:, :3]
+        assert detached_points(coord) == [], path.name
