@@ -233,3 +233,27 @@ def test_a_gross_outlier_changes_no_other_point(run: Path, scans: Path, tmp_path
         for key in [k for k in clean if k.startswith("prob_")] + ["pred"]:
             np.testing.assert_array_equal(out[key][others], clean[key], err_msg=f"{name}: {key}")
         assert out["valid"].all() and out["pred"][row] >= 0
+
+
+def test_evaluation_keeps_gross_outliers_apart_as_predict_does(run: Path, scans: Path, tmp_path: Path) -> None:
+    """The test scan with two no-data points put in (x = -1e6, z = -9999): evaluation predicts
+    every other point as on the clean scan, and with test views exactly as ``predict``."""
+    data = tmp_path / "scans"
+    shutil.copytree(scans, data)
+    points, labels = np.load(scans / "demo_000700_points.npy"), np.load(scans / "demo_000700_labels.npy")
+    at = [100, 200]  # they land on rows 100 and 201
+    np.save(data / "demo_000700_points.npy", np.insert(points, at, [[-1e6, 0.0, 0.0], [0.0, 0.0, -9999.0]], axis=0).astype(points.dtype))
+    np.save(data / "demo_000700_labels.npy", np.insert(labels, at, 0, axis=0))  # unlabelled
+    others = np.ones(len(points) + 2, dtype=bool)
+    others[[100, 201]] = False
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(clean)]) == 0
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(dirty), f"data.root={data}"]) == 0
+    name = "predictions/demo_000700_points_pred.npy"
+    np.testing.assert_array_equal(np.load(dirty / name)[others], np.load(clean / name))
+    views = ["evaluation.tta_rotations=2", "evaluation.overlap=0.5", "data.eval_max_points=5000"]
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(tmp_path / "views"), f"data.root={data}", *views]) == 0
+    out = tmp_path / "p.npz"
+    assert predict(run, "-i", str(data / "demo_000700_points.npy"), "-o", str(out), "--tta-rotations", "2",
+                   "--overlap", "0.5", "data.eval_max_points=5000") == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "views" / name), np.load(out)["pred"])

@@ -29,45 +29,57 @@ from sciformer.data.transforms import (
     RandomRotate,
     Sample,
     Transform,
+    grid_sample_indices,
     index_points,
 )
 from sciformer.errors import DataError
 
-__all__ = ["Chunk", "detached_points", "partition_points", "plan_chunks", "split_detached", "predict_chunked", "tta_views"]
+__all__ = ["Chunk", "detached_points", "grid_parts", "partition_points", "plan_chunks", "split_detached", "predict_chunked", "tta_views"]
 
 
-def detached_points(coord: np.ndarray, share: float = 0.001, gap: float = 0.5) -> list[np.ndarray]:
+def detached_points(coord: np.ndarray, share: float = 0.001, gap: float = 1.0, small_gap: float = 5.0) -> list[np.ndarray]:
     """Gross outliers: the points beyond an empty gap at either end of an axis.
 
-    Along each axis the sorted coordinates are searched, within the ``share`` of points at
-    either end (at least one point), for a step wider than ``gap`` times the extent of the
-    remaining points; the points beyond it are *detached* (a no-data value such as 1e6 or
-    -9999, a stray return far below the ground). Chunks are centred on their bounding box
-    (:class:`~sciformer.data.transforms.CenterShift`), so one such point would move every
-    other point of its chunk far from where the model saw points in training; detached
-    points are predicted in chunks of their own instead. Clouds of fewer than 8 points
-    detach nothing.
+    Along each axis, among the ``share`` of points at either end, the sorted coordinates
+    are searched for a step wider than ``gap`` times the extent of the remaining points
+    (that extent is taken as at least 1 % of the widest axis's, so a flat axis still has a
+    scale); the points beyond it are *detached* (a no-data value such as 1e6 or -9999, a
+    stray return far below the ground). In clouds under ``1 / share`` points, where a single
+    point is more than that share, 1 % of the points (at least one) per end is searched and
+    the step must exceed ``small_gap`` times the extent. Chunks are centred on their bounding box
+    (:class:`~sciformer.data.transforms.CenterShift`) and voxel grids anchored at their
+    minimum corner, so one such point would move every other point far from where the
+    model saw points in training; detached points are predicted as clouds of their own
+    instead. Clouds of fewer than 16 points detach nothing. O(n) per axis.
 
     Shapes: coord (n, d) -> index arrays (sorted, disjoint), one per detached group;
     usually none.
     """
     n = coord.shape[0]
-    tail = max(1, int(share * n))
     groups: list[np.ndarray] = []
-    if n < 8:
+    if n < 16:
         return groups
-    taken = np.zeros(n, dtype=bool)
+    tail = int(share * n)
+    if tail < 1:  # a small cloud: search 1 % of its points, for a far wider gap
+        tail, gap = max(1, n // 100), small_gap
+    ends, extents = [], []
     for axis in range(coord.shape[1]):
-        order = np.argsort(coord[:, axis], kind="stable")  # (n,)
-        values = coord[order, axis].astype(np.float64)  # (n,) sorted
-        width = gap * (values[n - 1 - tail] - values[tail])
-        if not width > 0:  # flat axis (or NaN): nothing to measure a gap against
+        values = np.asarray(coord[:, axis], dtype=np.float64)  # (n,)
+        part = np.argpartition(values, (tail, n - 1 - tail))  # the tail + 1 lowest and highest at the ends
+        low, high = part[: tail + 1], part[n - 1 - tail :]
+        low, high = low[np.argsort(values[low], kind="stable")], high[np.argsort(values[high], kind="stable")]
+        ends.append((values, low, high))
+        extents.append(values[high[0]] - values[low[-1]])
+    floor = 0.01 * max(extents)
+    taken = np.zeros(n, dtype=bool)
+    for (values, low, high), extent in zip(ends, extents, strict=True):
+        width = gap * max(extent, floor)
+        if not width >= 0:  # NaN coordinates: nothing to measure against
             continue
-        steps = np.diff(values)  # (n - 1,) steps[i] = values[i + 1] - values[i]
-        low = np.flatnonzero(steps[:tail] > width)
-        high = np.flatnonzero(steps[n - 1 - tail :] > width)
-        ends = ([order[: low[-1] + 1]] if len(low) else []) + ([order[n - tail + high[0] :]] if len(high) else [])
-        for idx in ends:
+        low_cut = np.flatnonzero(np.diff(values[low]) > width)  # step i lies between low[i] and low[i + 1]
+        high_cut = np.flatnonzero(np.diff(values[high]) > width)
+        found = ([low[: low_cut[-1] + 1]] if len(low_cut) else []) + ([high[high_cut[0] + 1 :]] if len(high_cut) else [])
+        for idx in found:
             idx = idx[~taken[idx]]
             if len(idx):
                 taken[idx] = True
@@ -105,6 +117,33 @@ def split_detached(coord: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     for group in groups:
         keep[group] = False
     return np.flatnonzero(keep), groups
+
+
+def grid_parts(coord: np.ndarray, grid_size: float | None) -> tuple[np.ndarray, np.ndarray, list[slice]]:
+    """Grid sampling that keeps gross outliers (:func:`detached_points`) apart: the other
+    points and each detached group are sampled on grids of their own, each anchored at its
+    own minimum corner, so a far point moves no other point's voxel.
+
+    Returns ``keep`` (m,) rows of ``coord`` (the first point of each voxel), ``inverse`` (n,)
+    each row's position in ``keep``, and one slice of ``keep`` per cloud to predict apart:
+    the other points first, then each detached group. Without detached points this is
+    :func:`~sciformer.data.transforms.grid_sample_indices` of the whole cloud.
+    """
+    n = coord.shape[0]
+    rest, groups = split_detached(coord)
+    keeps, slices = [], []
+    inverse = np.empty(n, dtype=np.int64)  # (n,)
+    start = 0
+    for rows in [rest, *groups]:
+        if grid_size:
+            keep, inv = grid_sample_indices(coord[rows] if len(rows) < n else coord, grid_size)
+        else:
+            keep, inv = np.arange(len(rows)), np.arange(len(rows))
+        keeps.append(rows[keep])
+        inverse[rows] = start + inv
+        slices.append(slice(start, start + len(keep)))
+        start += len(keep)
+    return np.concatenate(keeps).astype(np.int64), inverse, slices
 
 
 def _pieces(index: np.ndarray, max_points: int | None) -> list[np.ndarray]:

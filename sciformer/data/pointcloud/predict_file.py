@@ -16,17 +16,11 @@ from typing import Any
 import numpy as np
 
 from sciformer.contracts import PredictFn, PredictOptions
-from sciformer.data.pointcloud.chunking import predict_chunked, split_detached, tta_views
+from sciformer.data.pointcloud.chunking import grid_parts, predict_chunked, tta_views
 from sciformer.data.pointcloud.export import PointPrediction
 from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.sample import assemble_features
-from sciformer.data.transforms import (
-    CenterShift,
-    Compose,
-    Sample,
-    grid_sample_indices,
-    index_points,
-)
+from sciformer.data.transforms import CenterShift, Compose, Sample, index_points
 from sciformer.errors import DataError
 from sciformer.utils.progress import progress
 
@@ -106,9 +100,9 @@ def predict_cloud(
     cloud = index_points(sample, rows) if len(rows) < n else dict(sample)
     cloud = {k: v for k, v in cloud.items() if k in ("coord", "label", "category") or k in features}
     cloud["coord"] = np.asarray(cloud["coord"], dtype=np.float64)
-    # gross outliers (a no-data x of 1e6) are predicted on their own: with the others they
-    # would move the voxel grid's anchor and every chunk's centre
-    rest, detached = split_detached(cloud["coord"])
+    # gross outliers (a no-data x of 1e6) are sampled and predicted as clouds of their own:
+    # with the others they would move the voxel grid's anchor and every chunk's centre
+    keep, inverse, clouds = grid_parts(cloud["coord"], grid_size)
     shift = CenterShift(z=part_z)  # type: ignore[arg-type]
     transform = transform or Compose([])
 
@@ -116,27 +110,23 @@ def predict_cloud(
         return assemble_features(transform(shift(piece), np.random.default_rng([0, 0])), features, "chunk")
 
     bar = progress(iter(()), desc, total=None)
-    done_before = 0
+    calls_before = [0]
 
     def tick(done: int, total: int) -> None:
         if hasattr(bar, "update"):
-            bar.total = done_before + total
-            bar.update(done_before + done - bar.n)
+            bar.total = calls_before[0] + total
+            bar.update(calls_before[0] + done - bar.n)
 
+    kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
     try:
-        for part in [rest, *detached]:
-            sub = index_points(cloud, part) if len(part) < len(rows) else cloud
-            if grid_size:
-                keep, inverse = grid_sample_indices(sub["coord"], grid_size)
-            else:
-                keep, inverse = np.arange(len(part)), np.arange(len(part))
-            kept = predict_chunked(predict, index_points(sub, keep), prepare, num_classes=num_classes,
-                                   max_points=max_points, overlap=options.overlap, batch_size=batch_size,
-                                   views=tta_views(options.rotations, options.flip), progress=tick,
-                                   point_ids=rows[part[keep]])  # (m, C)
-            probs[rows[part]] = kept[inverse]
-            done_before = int(bar.n) if hasattr(bar, "n") else 0
+        for part in clouds:
+            kept[part] = predict_chunked(predict, index_points(cloud, keep[part]), prepare, num_classes=num_classes,
+                                         max_points=max_points, overlap=options.overlap, batch_size=batch_size,
+                                         views=tta_views(options.rotations, options.flip), progress=tick,
+                                         point_ids=rows[keep[part]])
+            calls_before[0] = int(getattr(bar, "n", 0))
     finally:
         if hasattr(bar, "close"):
             bar.close()
+    probs[rows] = kept[inverse]
     return PointPrediction(probs, valid, list(class_names))

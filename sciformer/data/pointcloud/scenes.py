@@ -22,6 +22,7 @@ from pydantic import AfterValidator
 from sciformer.contracts import Batch, PredictFn, PredictOptions, ScoreFn
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.chunking import (
+    grid_parts,
     partition_points,
     predict_chunked,
     tta_views,
@@ -37,7 +38,6 @@ from sciformer.data.transforms import (
     Compose,
     Sample,
     build_transforms,
-    grid_sample_indices,
     index_points,
 )
 from sciformer.errors import DataError
@@ -112,12 +112,12 @@ class SceneEvalDataset(PointDataset):
         self.grid_size = grid_size
         self.max_points = max_points
         self._shift = CenterShift(z=part_z)  # type: ignore[arg-type]
-        self._cache: OrderedDict[int, tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray]]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray], list[slice]]] = OrderedDict()
         counts = self._part_counts(cache_dir)
         self.items = [(s, p) for s, c in enumerate(counts) for p in range(c)]
 
     def _part_counts(self, cache_dir: Path | None) -> list[int]:
-        params = [self.grid_size, self.max_points, "parts-v2"]
+        params = [self.grid_size, self.max_points, "parts-v3"]  # v3: gross outliers are parts of their own
         index_file = None
         known: dict[str, int] = {}
         if cache_dir is not None:
@@ -136,8 +136,9 @@ class SceneEvalDataset(PointDataset):
             atomic_write_text(index_file, json.dumps(known))
         return counts
 
-    def _scene(self, s: int) -> tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray]]:
-        """(full scene, keep (m,), inverse (n,), parts as index arrays into keep)."""
+    def _scene(self, s: int) -> tuple[Sample, np.ndarray, np.ndarray, list[np.ndarray], list[slice]]:
+        """(full scene, keep (m,), inverse (n,), parts as index arrays into keep, one slice of
+        keep per cloud predicted apart: the scene, then each group of gross outliers)."""
         if s in self._cache:
             self._cache.move_to_end(s)
             return self._cache[s]
@@ -145,12 +146,9 @@ class SceneEvalDataset(PointDataset):
         coord = full["coord"]  # (n, 3)
         if coord.shape[0] == 0:
             raise DataError(f"scene {self.source.name(s)}: empty point cloud (0 points)")
-        if self.grid_size:
-            keep, inverse = grid_sample_indices(coord, self.grid_size)
-        else:
-            keep, inverse = np.arange(coord.shape[0]), np.arange(coord.shape[0])
-        parts = partition_points(coord[keep], self.max_points)
-        entry = (full, keep, inverse, parts)
+        keep, inverse, clouds = grid_parts(coord, self.grid_size)
+        parts = [part.start + p for part in clouds for p in partition_points(coord[keep[part]], self.max_points)]
+        entry = (full, keep, inverse, parts, clouds)
         self._cache[s] = entry
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
@@ -184,7 +182,7 @@ class SceneEvalDataset(PointDataset):
 
     def load(self, index: int, rng: np.random.Generator) -> Sample:
         s, p = self.items[index]
-        full, keep, _, parts = self._scene(s)
+        full, keep, _, parts, _ = self._scene(s)
         sample = index_points(full, keep[parts[p]])
         sample.pop("inverse", None)
         return self._shift(sample)
@@ -217,12 +215,13 @@ def predict_scene(
 
     Shapes: -> (n,) int64, n = the scene's full point count.
     """
-    full, keep, inverse, _ = dataset._scene(scene)
+    full, keep, inverse, _, clouds = dataset._scene(scene)
     if overlap > 0 or tuple(views) != (None,):
-
-        probs = predict_chunked(predict, index_points(full, keep), dataset.prepare, num_classes=num_classes,
-                                max_points=dataset.max_points, overlap=overlap, batch_size=batch_size,
-                                views=views, collate=collate, point_ids=keep)  # (m, C)
+        probs = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
+        for part in clouds:  # the scene, then each group of gross outliers, as predict does
+            probs[part] = predict_chunked(predict, index_points(full, keep[part]), dataset.prepare, num_classes=num_classes,
+                                          max_points=dataset.max_points, overlap=overlap, batch_size=batch_size,
+                                          views=views, collate=collate, point_ids=keep[part])
         return probs.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
     item_ids = [i for i, (s, _) in enumerate(dataset.items) if s == scene]
     logits_kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)

@@ -117,7 +117,7 @@ def test_scene_prediction_with_overlap_maps_back_to_every_point() -> None:
                            views=tta_views(rotations=2))
     assert plain.shape == merged.shape == (900,)
     np.testing.assert_array_equal(plain, merged)
-    _, keep, inverse, _ = dataset._scene(0)
+    _, keep, inverse, _, _ = dataset._scene(0)
     np.testing.assert_array_equal(merged, colour[keep].argmax(axis=1)[inverse])
 
 
@@ -182,17 +182,55 @@ def test_gross_outliers_are_detached_and_change_nothing_else() -> None:
     assert np.isfinite(probs).all()
 
 
+def test_scene_evaluation_keeps_gross_outliers_apart() -> None:
+    """Evaluation predicts the other points of a scene with gross outliers exactly as without
+    them, in the single pass and with test views (where it must equal ``predict``)."""
+    coord = cloud(900, seed=4)
+    dirty, rows = with_outliers(coord)
+    rest = np.setdiff1d(np.arange(len(dirty)), rows)
+
+    def scene(points: np.ndarray) -> SceneEvalDataset:
+        return SceneEvalDataset(ArrayScene({"coord": points, "label": np.zeros(len(points), dtype=np.int64)}, "toy"),
+                                grid_size=0.3, max_points=150, part_z="min", transform=None, features=[], seed=0)
+
+    predict = pointwise_predict(3)  # of the recentred coordinates: a moved centre would show
+    for views in ({}, {"overlap": 0.5, "views": tta_views(rotations=2)}):
+        clean = predict_scene(scene(coord), 0, predict, collate_points, batch_size=4, num_classes=3, **views)
+        mixed = predict_scene(scene(dirty), 0, predict, collate_points, batch_size=4, num_classes=3, **views)
+        assert mixed.shape == (len(dirty),) and (mixed >= 0).all()
+        np.testing.assert_array_equal(mixed[rest], clean)
+    _, keep, inverse, parts, clouds = scene(dirty)._scene(0)
+    assert len(clouds) == 1 + 3 and np.array_equal(np.sort(keep[clouds[0].stop:]), rows)  # x (2 points), z, y
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(keep))) and np.array_equal(keep[inverse[rows]], rows)
+
+
 def test_what_is_not_detached() -> None:
     coord = cloud(3000, seed=5)
     far_cluster = np.vstack([coord, cloud(40, seed=6) + [0.0, 0.0, 50.0]])  # 1.3 % of the points: real structure
     assert detached_points(far_cluster) == []
-    near = np.vstack([coord, [[10.0, 5.0, 4.0]]])  # 1 m above the top: inside half the extent
+    near = np.vstack([coord, [[10.0, 5.0, 5.5]]])  # 2.5 m above the top of a 3 m high cloud: not gross
     assert detached_points(near) == []
-    assert detached_points(np.vstack([coord[:7], [[1e6, 0.0, 0.0]]])) != []  # 8 points: measured
-    assert detached_points(np.vstack([coord[:6], [[1e6, 0.0, 0.0]]])) == []  # 7: too few to tell
-    flat = coord.copy()
+    assert detached_points(np.vstack([coord, [[10.0, 5.0, 6.5]]])) == [np.array([3000])]  # 3.5 m: wider than the extent
+    assert detached_points(np.vstack([coord[:15], [[1e6, 0.0, 0.0]]])) == [np.array([15])]  # 16 points: measured
+    assert detached_points(np.vstack([coord[:14], [[1e6, 0.0, 0.0]]])) == []  # 15: too few to tell
+    assert detached_points(np.vstack([coord[:15], [[30.0, 0.0, 0.0]]])) == []  # small cloud: 1.5x its extent is not enough
+    rng = np.random.default_rng(7)
+    for size in (16, 20, 50, 200, 999, 1000, 5000):  # ordinary clouds, small and large, detach nothing
+        for _ in range(40):
+            assert detached_points(rng.random((size, 3))) == []
+            assert detached_points(rng.standard_normal((size, 3))) == []
+
+
+def test_flat_axes_still_detach_a_no_data_point() -> None:
+    """The gap is measured against at least 1 % of the widest extent: a flat axis is no excuse."""
+    flat = cloud(3000, seed=8)
     flat[:, 2] = 0.0
     assert detached_points(flat) == []
+    assert detached_points(np.vstack([flat, [[3.0, 4.0, 0.05]]])) == []  # 5 cm above a 20 m wide plane
+    assert detached_points(np.vstack([flat, [[3.0, 4.0, -9999.0]]])) == [np.array([3000])]
+    same = np.ones((100, 3))
+    assert detached_points(same) == []
+    assert detached_points(np.vstack([same, [[1e6, 1.0, 1.0]]])) == [np.array([100])]
 
 
 def test_real_clouds_detach_nothing(data_root) -> None:
