@@ -9,6 +9,14 @@ loads the shared points and kNN index, builds its layer, records RSS as the base
 reports ``ru_maxrss`` above it after a warm-up and one timed forward+backward (median
 over ``--mem-rounds`` subprocesses).
 
+Compute floor: the multiply-adds of each case's math, counted by
+``torch.utils.flop_counter.FlopCounterMode`` over one forward+backward of its plain
+implementation (``plain`` for the share_planes=1 math, ``plain-ptv1`` for share_planes=8;
+the fused path recomputes edge work, which the floor does not credit), divided by the peak
+matrix-multiply rate measured in the same process at the same threads (a 2048 x 2048 x 2048
+float32 matmul, best of 5). ``x floor`` = time / floor. Only GEMM-like ops count as work,
+so gathers, softmax and BatchNorm over edges all show as distance above the floor.
+
 Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradients):
   pyg            torch_geometric.nn.PointTransformerConv, PTv1 pos_nn / attn_nn with
                  G = C (PyG's attn_nn must return C channels), edges = the same kNN index
@@ -105,6 +113,31 @@ def child_memory(case: str, data: str, c: int, threads: int, chunk: int | None) 
     return {"peak_mb": _peak_mb() - base}
 
 
+def math_of(case: str) -> str:
+    """The plain case that computes the same math without recomputation (the floor's work)."""
+    return "plain-ptv1" if case.endswith("ptv1") else "plain"
+
+
+def count_gflop(case: str, data: str, c: int, chunk: int | None) -> float:
+    """GEMM-like work of one forward+backward of ``case``, in GFLOP (2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    step = build_case(case, data, c, chunk)
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() / 1e9
+
+
+def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """Peak float32 matmul rate at the current threads, GFLOP/s (best of ``repeats``)."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = min((lambda t0: (a @ b, time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
 def child_timing(
     cases: list[str], data: str, c: int, threads: int, rounds: int, chunk: int | None
 ) -> dict:
@@ -120,7 +153,10 @@ def child_timing(
             t0 = time.perf_counter()
             step()
             times[case].append(time.perf_counter() - t0)
-    return times
+    gflop = {case: count_gflop(math_of(case), data, c, chunk) for case in cases if case != "pyg"}
+    if "pyg" in cases:
+        gflop["pyg"] = count_gflop("plain", data, c, chunk)  # the same math as plain
+    return {"times": times, "gflop": gflop, "gemm_gflops": gemm_gflops()}
 
 
 def _child(args: argparse.Namespace, extra: list[str]) -> dict:
@@ -173,7 +209,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.data = os.path.join(tmp, "points.pt")
         torch.save({"pos": torch.from_numpy(pts), "idx": torch.from_numpy(nbr).long()}, args.data)
-        times = _child(args, ["--child", "timing", "--cases", ",".join(cases)])
+        timing = _child(args, ["--child", "timing", "--cases", ",".join(cases)])
+        times, gflop, rate = timing["times"], timing["gflop"], timing["gemm_gflops"]
         peaks: dict[str, list[float]] = {case: [] for case in cases}
         for _ in range(args.mem_rounds):
             for case in cases:
@@ -184,10 +221,11 @@ def main() -> None:
         f"Point Transformer layer fwd+bwd (training), N={args.n}, C={args.c}, k={args.k}, "
         f"threads={args.threads}; time: median of {args.rounds} interleaved rounds; "
         f"peak: ru_maxrss above baseline, fresh process per case; "
-        f"load average {load0:.1f} -> {load1:.1f} (2 cores shared)"
+        f"load average {load0:.1f} -> {load1:.1f} (2 cores shared); "
+        f"floor = GFLOP of the case's math / peak matmul rate {rate:.1f} GFLOP/s (same process, same threads)"
     )
     head = f"{'impl':16s} {'time s':>8s} {'peak MB':>8s} {'speed-up vs pyg':>16s}"
-    print(f"{head} {'mem vs pyg':>11s}")
+    print(f"{head} {'mem vs pyg':>11s} {'math GFLOP':>11s} {'floor s':>8s} {'x floor':>8s}")
     for case in cases:
         t = statistics.median(times[case])
         m = statistics.median(peaks[case])
@@ -196,7 +234,8 @@ def main() -> None:
             mr = f"{m / statistics.median(peaks['pyg']):.2f}"
         else:
             sp = mr = "-"
-        print(f"{case:16s} {t:8.3f} {m:8.0f} {sp:>16s} {mr:>11s}")
+        floor = gflop[case] / rate
+        print(f"{case:16s} {t:8.3f} {m:8.0f} {sp:>16s} {mr:>11s} {gflop[case]:11.2f} {floor:8.3f} {t / floor:7.1f}x")
 
 
 if __name__ == "__main__":

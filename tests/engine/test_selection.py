@@ -130,3 +130,27 @@ def test_a_nan_loss_validation_is_kept_only_until_a_finite_one(toy_config: Path,
     run = tmp_path / "run"
     assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 0
     assert _best(run)["epoch"] == 2
+
+
+def test_a_diverged_scene_model_ends_with_one_line_not_class_zero_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Five stages on 100-point crops with SGD at lr 0.5: one step sends the weights to ~1e14,
+    every validation loss is NaN. The test evaluation of every point refuses the NaN scores
+    in one line and writes no metrics.json (before: OA from NaN arg-maxes, all class 0)."""
+    import warnings
+
+    from synthetic import write_s3dis
+
+    folder = write_s3dis(tmp_path / "s3dis", {1: ["office_1", "office_2"], 5: ["office_3"]}, malformed=False)
+    tiny = ["data.crop_points=100", "data.loop=2", "data.val_fraction=0.5", "train.epochs=1", "train.batch_size=2",
+            "train.threads=1", "train.progress=never", "model.channels=[8,16,32,64,128]", "export.ply=false", "export.png=false"]
+    run = tmp_path / "run"
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["train", "-c", str(Path(__file__).resolve().parents[2] / "experiments" / "s3dis_area5.yaml"),
+                     "-o", str(run), f"data.root={folder}", *tiny])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "non-finite scores" in err[0] and "diverged" in err[0], err
+    assert not (run / "metrics.json").exists() and (run / "checkpoints" / "best.pt").exists()
+    history = (run / "metrics.csv").read_text().splitlines()
+    assert history[1].split(",")[4] == "nan"  # val_loss: the sign of the divergence

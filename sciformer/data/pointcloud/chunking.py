@@ -34,7 +34,7 @@ from sciformer.data.transforms import (
 )
 from sciformer.errors import DataError
 
-__all__ = ["Chunk", "detached_points", "grid_parts", "partition_points", "plan_chunks", "split_detached", "predict_chunked", "tta_views"]
+__all__ = ["Chunk", "check_finite_scores", "detached_points", "grid_parts", "partition_points", "plan_chunks", "split_detached", "predict_chunked", "tta_views"]
 
 
 def detached_points(coord: np.ndarray, share: float = 0.001, gap: float = 1.0, small_gap: float = 5.0) -> list[np.ndarray]:
@@ -243,7 +243,7 @@ class _Both(Transform):
         return self.second(self.first(sample, rng), rng)
 
 
-def _check_finite(probs: np.ndarray, rows: np.ndarray, point_ids: np.ndarray | None) -> None:
+def check_finite_scores(probs: np.ndarray, rows: np.ndarray, point_ids: np.ndarray | None) -> None:
     """DataError naming the first point whose probabilities are not finite.
 
     Shapes: probs (N, C), rows (N,) their rows in the cloud.
@@ -253,7 +253,8 @@ def _check_finite(probs: np.ndarray, rows: np.ndarray, point_ids: np.ndarray | N
         bad_rows = np.unique(rows[bad])  # (b,) sorted
         first = int(bad_rows[0] if point_ids is None else np.asarray(point_ids)[bad_rows].min())
         raise DataError(f"predict: the model gives non-finite scores for {len(bad_rows)} point(s) of a chunk (first: point {first}); "
-                        "are there coordinates or feature values far outside the training data's range, e.g. a no-data fill?")
+                        "has the model diverged (see its validation loss), or are there coordinates or feature values far "
+                        "outside the training data's range, e.g. a no-data fill?")
 
 
 def predict_chunked(
@@ -323,7 +324,7 @@ def predict_chunked(
         if tuple(logits.shape) != (int(batch["offset"][-1]), num_classes):
             raise DataError(f"predict returned logits of shape {tuple(logits.shape)}, expected ({int(batch['offset'][-1])}, {num_classes})")
         probs = torch.softmax(logits, dim=1).cpu().numpy()  # (N, C)
-        _check_finite(probs, np.concatenate([chunk.index for chunk, _ in part]), point_ids)
+        check_finite_scores(probs, np.concatenate([chunk.index for chunk, _ in part]), point_ids)
         first = 0
         for chunk, _ in part:
             m = len(chunk.index)

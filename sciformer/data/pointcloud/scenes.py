@@ -22,6 +22,7 @@ from pydantic import AfterValidator
 from sciformer.contracts import Batch, PredictFn, PredictOptions, ScoreFn
 from sciformer.data.pointcloud.cache import cache_key
 from sciformer.data.pointcloud.chunking import (
+    check_finite_scores,
     grid_parts,
     partition_points,
     predict_chunked,
@@ -211,7 +212,8 @@ def predict_scene(
 
     With ``overlap > 0`` or test-time ``views`` (see :mod:`sciformer.data.pointcloud.chunking`)
     the grid-sampled scene is predicted in overlapping chunks of at most the dataset's
-    ``max_points``, with the softmax of every chunk and view summed per point.
+    ``max_points``, with the softmax of every chunk and view summed per point. Non-finite
+    scores (a diverged model) are a DataError naming the point, never class 0.
 
     Shapes: -> (n,) int64, n = the scene's full point count.
     """
@@ -234,6 +236,8 @@ def predict_scene(
         total = int(batch["offset"][-1])
         if logits.shape != (total, num_classes):
             raise DataError(f"predict returned logits of shape {logits.shape}, expected ({total}, {num_classes})")
+        probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()  # (N, C) inf or NaN logits -> NaN
+        check_finite_scores(probs, np.concatenate([dataset.positions(i)[1] for i in chunk]), keep)
         for i, part in zip(chunk, split_by_offset(logits, batch["offset"].numpy()), strict=True):
             logits_kept[dataset.positions(i)[1]] = part
     return logits_kept.argmax(axis=1)[inverse].astype(np.int64)  # (n,)

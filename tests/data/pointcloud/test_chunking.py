@@ -243,3 +243,22 @@ def test_real_clouds_detach_nothing(data_root) -> None:
     for path in paths:
         coord = np.asarray(read_point_file(path)["coord"], dtype=np.float64)[:, :3]
         assert detached_points(coord) == [], path.name
+
+
+@pytest.mark.parametrize("views", [{}, {"overlap": 0.5, "views": [None]}])
+def test_scene_evaluation_refuses_non_finite_scores(views: dict) -> None:
+    """A diverged model's NaN scores are one line naming the point, in both evaluation paths,
+    never a class-0 prediction that metrics would count."""
+    coord = cloud(600, seed=9)
+    dataset = SceneEvalDataset(ArrayScene({"coord": coord, "label": np.zeros(600, dtype=np.int64)}, "toy"),
+                               grid_size=None, max_points=150, part_z="min", transform=None, features=[], seed=0)
+    good = pointwise_predict(3)
+
+    def predict(batch: dict) -> torch.Tensor:
+        logits = good(batch).clone()  # (N, 3)
+        logits[int(batch["coord"][:, 2].argmax()), 0] = float("nan")  # the highest point of each batch
+        return logits
+
+    with pytest.raises(DataError, match=r"^predict: the model gives non-finite scores for \d+ point\(s\) of a chunk \(first: point \d+\);"):
+        predict_scene(dataset, 0, predict, collate_points, batch_size=2, num_classes=3, **views)
+    assert predict_scene(dataset, 0, good, collate_points, batch_size=2, num_classes=3, **views).shape == (600,)

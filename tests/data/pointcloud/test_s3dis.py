@@ -199,7 +199,7 @@ def test_one_area_trains_from_the_command_line(root: Path, tmp_path: Path, capsy
     for area in ("Area_2", "Area_5"):
         shutil.rmtree(root / area)
     experiment = Path(__file__).resolve().parents[3] / "experiments" / "s3dis_area5.yaml"
-    args = ["train", "-c", str(experiment), f"data.root={root}", "data.crop_points=100", "data.loop=2", "train.threads=1", "data.test_area=null",
+    args = ["train", "-c", str(experiment), f"data.root={root}", "data.crop_points=100", "train.grad_clip=1.0", "data.loop=2", "train.threads=1", "data.test_area=null",
             "data.val_fraction=0.5", "train.epochs=1", "train.batch_size=2", "train.device=cpu", "train.progress=never",
             "model.channels=[8,16,32,64,128]", "optimizer.lr=0.01"]
     assert main([*args[:3], "-o", str(tmp_path / "a"), *args[3:]]) == 2
