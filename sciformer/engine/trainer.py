@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -289,6 +290,9 @@ class Trainer:
                 self._log_scalars(writer, row)
                 self._save("last.pt")
                 self.log(_epoch_line(row, t.epochs))
+                if validate and isinstance(row.get("val_loss"), float) and math.isnan(row["val_loss"]):
+                    self.log("  validation loss is NaN: the model gives non-finite scores on some validation sample "
+                             "(diverged? try train.grad_clip or a lower optimizer.lr)")
                 if self.dist.any(stop.signal is not None, self.device):  # a signal during validation or the save
                     raise Interrupted(f"stopped by signal {stop.signal or 'on another rank'} after epoch {self.epoch}; "
                                       f"checkpoint written, continue with: sciformer train --resume {self.run_dir}")

@@ -149,8 +149,10 @@ def test_a_diverged_scene_model_ends_with_one_line_not_class_zero_metrics(tmp_pa
         warnings.simplefilter("ignore")
         code = main(["train", "-c", str(Path(__file__).resolve().parents[2] / "experiments" / "s3dis_area5.yaml"),
                      "-o", str(run), f"data.root={folder}", *tiny])
-    err = capsys.readouterr().err.strip().splitlines()
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "non-finite scores" in err[0] and "diverged" in err[0], err
+    assert "validation loss is NaN" in out and "train.grad_clip" in out  # said when it happened, not only at the end
     assert not (run / "metrics.json").exists() and (run / "checkpoints" / "best.pt").exists()
     history = (run / "metrics.csv").read_text().splitlines()
     assert history[1].split(",")[4] == "nan"  # val_loss: the sign of the divergence
