@@ -257,3 +257,18 @@ def test_evaluation_keeps_gross_outliers_apart_as_predict_does(run: Path, scans:
     assert predict(run, "-i", str(data / "demo_000700_points.npy"), "-o", str(out), "--tta-rotations", "2",
                    "--overlap", "0.5", "data.eval_max_points=5000") == 0
     np.testing.assert_array_equal(np.load(tmp_path / "views" / name), np.load(out)["pred"])
+
+
+def test_a_repeated_no_data_fill_changes_no_other_point(run: Path, scans: Path, tmp_path: Path) -> None:
+    """A no-data value repeated on 0.5 % of a scan's points (x = 1e6): the other points get the
+    predictions of the scan without them."""
+    points = np.load(scans / "seq01_000000_points.npy")[:6000].astype(np.float32)  # (6000, 3)
+    np.save(tmp_path / "clean.npy", points[:-30])
+    filled = points.copy()
+    filled[-30:, 0] = 1e6
+    np.save(tmp_path / "filled.npy", filled)
+    for name in ("clean", "filled"):
+        assert predict(run, "-i", str(tmp_path / f"{name}.npy"), "-o", str(tmp_path / f"{name}.npz"), "--probabilities") == 0
+    clean, out = np.load(tmp_path / "clean.npz"), np.load(tmp_path / "filled.npz")
+    np.testing.assert_array_equal(out["probabilities"][:-30], clean["probabilities"])
+    assert out["pred"].shape == (6000,) and out["valid"].all()

@@ -42,15 +42,17 @@ def detached_points(coord: np.ndarray, share: float = 0.001, gap: float = 1.0, s
 
     Along each axis, among the ``share`` of points at either end, the sorted coordinates
     are searched for a step wider than ``gap`` times the extent of the remaining points
-    (that extent is taken as at least 1 % of the widest axis's, so a flat axis still has a
+    (that extent is taken as at least 10 % of the widest axis's, so a flat axis keeps a
     scale); the points beyond it are *detached* (a no-data value such as 1e6 or -9999, a
-    stray return far below the ground). In clouds under ``1 / share`` points, where a single
-    point is more than that share, 1 % of the points (at least one) per end is searched and
-    the step must exceed ``small_gap`` times the extent. Chunks are centred on their bounding box
-    (:class:`~sciformer.data.transforms.CenterShift`) and voxel grids anchored at their
+    stray return far below the ground). At least min(1 % of the points, 9) are searched per
+    end; where that is more than ``share``, the step must exceed ``small_gap`` times the
+    extent. Copies of an end's extreme value (a no-data fill repeated on many points) widen
+    the search by their count, up to 5 % of the points. Chunks are centred on their bounding
+    box (:class:`~sciformer.data.transforms.CenterShift`) and voxel grids anchored at their
     minimum corner, so one such point would move every other point far from where the
     model saw points in training; detached points are predicted as clouds of their own
-    instead. Clouds of fewer than 16 points detach nothing. O(n) per axis.
+    instead. Clouds of fewer than 16 points, or of one repeated point, detach nothing.
+    O(n) per axis.
 
     Shapes: coord (n, d) -> index arrays (sorted, disjoint), one per detached group;
     usually none.
@@ -59,22 +61,28 @@ def detached_points(coord: np.ndarray, share: float = 0.001, gap: float = 1.0, s
     groups: list[np.ndarray] = []
     if n < 16:
         return groups
-    tail = int(share * n)
-    if tail < 1:  # a small cloud: search 1 % of its points, for a far wider gap
-        tail, gap = max(1, n // 100), small_gap
+    tail = max(int(share * n), min(n // 100, 9), 1)
+    if tail > int(share * n):  # more than the share searched: ask for a far wider gap
+        gap = small_gap
     ends, extents = [], []
     for axis in range(coord.shape[1]):
         values = np.asarray(coord[:, axis], dtype=np.float64)  # (n,)
-        part = np.argpartition(values, (tail, n - 1 - tail))  # the tail + 1 lowest and highest at the ends
-        low, high = part[: tail + 1], part[n - 1 - tail :]
+        repeats = (np.count_nonzero(values == values.min()), np.count_nonzero(values == values.max()))
+        lo, hi = (tail + r - 1 if r <= 0.05 * n else tail for r in repeats)  # a repeated no-data fill counts as one
+        if lo + hi >= n - 1:
+            continue
+        part = np.argpartition(values, (lo, n - 1 - hi))  # the lo + 1 lowest and hi + 1 highest at the ends
+        low, high = part[: lo + 1], part[n - 1 - hi :]
         low, high = low[np.argsort(values[low], kind="stable")], high[np.argsort(values[high], kind="stable")]
         ends.append((values, low, high))
         extents.append(values[high[0]] - values[low[-1]])
-    floor = 0.01 * max(extents)
+    if not extents or not max(extents) > 0:  # one repeated point (or NaN): nothing to measure against
+        return groups
+    floor = 0.1 * max(extents)
     taken = np.zeros(n, dtype=bool)
     for (values, low, high), extent in zip(ends, extents, strict=True):
         width = gap * max(extent, floor)
-        if not width >= 0:  # NaN coordinates: nothing to measure against
+        if not width > 0:  # NaN coordinates
             continue
         low_cut = np.flatnonzero(np.diff(values[low]) > width)  # step i lies between low[i] and low[i + 1]
         high_cut = np.flatnonzero(np.diff(values[high]) > width)
@@ -252,7 +260,7 @@ def check_finite_scores(probs: np.ndarray, rows: np.ndarray, point_ids: np.ndarr
     if bad.any():
         bad_rows = np.unique(rows[bad])  # (b,) sorted
         first = int(bad_rows[0] if point_ids is None else np.asarray(point_ids)[bad_rows].min())
-        raise DataError(f"predict: the model gives non-finite scores for {len(bad_rows)} point(s) of a chunk (first: point {first}); "
+        raise DataError(f"the model gives non-finite scores for {len(bad_rows)} point(s) of a chunk (first: point {first}); "
                         "has the model diverged (see its validation loss), or are there coordinates or feature values far "
                         "outside the training data's range, e.g. a no-data fill?")
 

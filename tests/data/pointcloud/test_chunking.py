@@ -135,7 +135,7 @@ def test_non_finite_scores_are_one_line_naming_a_poisoned_point(bad_value: float
         logits[np.isin(batch["coord"][:, 0].numpy(), coord[poisoned, 0].astype(np.float32)), 1] = value
         return logits
 
-    pattern = r"^predict: the model gives non-finite scores for (\d) point\(s\) of a chunk \(first: point (\d+)\); "
+    pattern = r"^the model gives non-finite scores for (\d) point\(s\) of a chunk \(first: point (\d+)\); "
     with pytest.raises(DataError, match=pattern) as err:
         predict_chunked(predict, {"coord": coord}, keep_coord, num_classes=4, max_points=max_points,
                         overlap=0.25, point_ids=np.arange(500) * 10)
@@ -208,9 +208,12 @@ def test_what_is_not_detached() -> None:
     coord = cloud(3000, seed=5)
     far_cluster = np.vstack([coord, cloud(40, seed=6) + [0.0, 0.0, 50.0]])  # 1.3 % of the points: real structure
     assert detached_points(far_cluster) == []
-    near = np.vstack([coord, [[10.0, 5.0, 5.5]]])  # 2.5 m above the top of a 3 m high cloud: not gross
-    assert detached_points(near) == []
-    assert detached_points(np.vstack([coord, [[10.0, 5.0, 6.5]]])) == [np.array([3000])]  # 3.5 m: wider than the extent
+    # 3,000 points: 9 per end searched (more than 0.1 %), so the gap must be 5x the extent (3 m in z)
+    assert detached_points(np.vstack([coord, [[10.0, 5.0, 6.5]]])) == []  # 3.5 m above the top
+    assert detached_points(np.vstack([coord, [[10.0, 5.0, 19.0]]])) == [np.array([3000])]  # 16 m above
+    big = cloud(10000, seed=11)  # 10 per end = 0.1 %: the gap is the extent itself
+    assert detached_points(np.vstack([big, [[10.0, 5.0, 5.5]]])) == []  # 2.5 m above a 3 m high cloud
+    assert detached_points(np.vstack([big, [[10.0, 5.0, 6.5]]])) == [np.array([10000])]  # 3.5 m
     assert detached_points(np.vstack([coord[:15], [[1e6, 0.0, 0.0]]])) == [np.array([15])]  # 16 points: measured
     assert detached_points(np.vstack([coord[:14], [[1e6, 0.0, 0.0]]])) == []  # 15: too few to tell
     assert detached_points(np.vstack([coord[:15], [[30.0, 0.0, 0.0]]])) == []  # small cloud: 1.5x its extent is not enough
@@ -228,9 +231,22 @@ def test_flat_axes_still_detach_a_no_data_point() -> None:
     assert detached_points(flat) == []
     assert detached_points(np.vstack([flat, [[3.0, 4.0, 0.05]]])) == []  # 5 cm above a 20 m wide plane
     assert detached_points(np.vstack([flat, [[3.0, 4.0, -9999.0]]])) == [np.array([3000])]
-    same = np.ones((100, 3))
-    assert detached_points(same) == []
-    assert detached_points(np.vstack([same, [[1e6, 1.0, 1.0]]])) == [np.array([100])]
+    bump = np.vstack([flat, [[3.0, 4.0, 0.2], [3.1, 4.0, 0.2], [3.2, 4.0, 0.2]]])  # 3 points 20 cm above the plane
+    assert detached_points(bump) == []
+    same = np.ones((100, 3))  # one repeated point: no extent to measure a gap against
+    assert detached_points(same) == [] and detached_points(np.vstack([same, [[1e6, 1.0, 1.0]]])) == []
+
+
+def test_a_no_data_fill_on_many_points_is_one_group() -> None:
+    """The usual no-data value is repeated: 0.2-5 % of the points at x = 1e6 are still detached
+    (the copies of an end's extreme value widen the search), at any cloud size."""
+    for n, copies in ((6000, 14), (6000, 290), (1500, 2), (999, 9), (20000, 40)):
+        coord = cloud(n, seed=n)
+        coord[-copies:, 0] = 1e6
+        assert [g.tolist() for g in detached_points(coord)] == [list(range(n - copies, n))], (n, copies)
+    coord = cloud(6000, seed=10)
+    coord[:400, 0] = 1e6  # 6.7 %: more than a fill of outliers, left alone
+    assert detached_points(coord) == []
 
 
 def test_real_clouds_detach_nothing(data_root) -> None:
@@ -259,6 +275,6 @@ def test_scene_evaluation_refuses_non_finite_scores(views: dict) -> None:
         logits[int(batch["coord"][:, 2].argmax()), 0] = float("nan")  # the highest point of each batch
         return logits
 
-    with pytest.raises(DataError, match=r"^predict: the model gives non-finite scores for \d+ point\(s\) of a chunk \(first: point \d+\);"):
+    with pytest.raises(DataError, match=r"^the model gives non-finite scores for \d+ point\(s\) of a chunk \(first: point \d+\);"):
         predict_scene(dataset, 0, predict, collate_points, batch_size=2, num_classes=3, **views)
     assert predict_scene(dataset, 0, good, collate_points, batch_size=2, num_classes=3, **views).shape == (600,)
