@@ -233,8 +233,9 @@ def predict_scene(
             bad = ~np.isfinite(probs).all(axis=1)  # (n,)
             if bad.any():
                 row, col = (int(v) for v in c[bad.argmax()])
-                raise DataError(f"predict: the model gives non-finite scores for {int(bad.sum())} pixel(s) of a batch (first at "
-                                f"({row}, {col})); are there values far outside the training data's range, e.g. a no-data fill?")
+                raise DataError(f"the model gives non-finite scores for {int(bad.sum())} pixel(s) of a batch (first at ({row}, {col})); "
+                                "has the model diverged (see its validation loss), or are there values far outside the training "
+                                "data's range, e.g. a no-data fill?")
             out[c[:, 0], c[:, 1]] = probs.argmax(axis=1)  # of the probabilities: the map is their argmax, ties included
             if probabilities is not None:
                 if probs.shape[1] != probabilities.shape[2]:

@@ -110,12 +110,12 @@ def predict_cloud(
         return assemble_features(transform(shift(piece), np.random.default_rng([0, 0])), features, "chunk")
 
     bar = progress(iter(()), desc, total=None)
-    calls_before = [0]
+    calls_before = 0  # model calls of the clouds already predicted
 
     def tick(done: int, total: int) -> None:
         if hasattr(bar, "update"):
-            bar.total = calls_before[0] + total
-            bar.update(calls_before[0] + done - bar.n)
+            bar.total = calls_before + total
+            bar.update(calls_before + done - bar.n)
 
     kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
     try:
@@ -124,7 +124,7 @@ def predict_cloud(
                                          max_points=max_points, overlap=options.overlap, batch_size=batch_size,
                                          views=tta_views(options.rotations, options.flip), progress=tick,
                                          point_ids=rows[keep[part]])
-            calls_before[0] = int(getattr(bar, "n", 0))
+            calls_before = int(getattr(bar, "n", 0))
     finally:
         if hasattr(bar, "close"):
             bar.close()
