@@ -8,13 +8,17 @@ normaliser fitted on training pixels, as ``sciformer train`` builds them), then:
 - ``rf``: random forest (500 trees) on the same spectra;
 - ``cnn1d``: a small 1-D CNN on the same spectra, epoch chosen on the validation pixels;
 - ``sciformer``: the experiment itself (``--train``), or the ``metrics.json`` of runs
-  given with ``--runs`` (one per seed, in seed order).
+  given with ``--runs`` (one per seed, in seed order; an ensemble's evaluation folder
+  works too). ``--train --ensemble K`` trains K runs per seed S (``train.seed`` S,
+  S + 100, ... with ``data.split.seed=S``, so all share the baselines' split) and scores
+  them together as ``sciformer evaluate --checkpoint A --checkpoint B ...`` does.
 
 Test pixels are read once per method, after its model is fixed. Prints OA / AA / kappa
 as mean +- std over seeds::
 
     python benchmarks/bench_hsi_baselines.py -c experiments/indian_pines_fixed.yaml --seeds 0 1 2 --train
     python benchmarks/bench_hsi_baselines.py -c experiments/indian_pines_demo.yaml --seeds 0 --runs runs/demo-...
+    python benchmarks/bench_hsi_baselines.py -c experiments/indian_pines_blocks.yaml --seeds 0 1 2 --train --ensemble 3
 
 Needs scikit-learn (``pip install -e ".[baselines]"``).
 """
@@ -146,6 +150,25 @@ def sciformer_scores(path: Path) -> dict[str, float]:
     return {k: 100 * float(test[k]) for k in ("oa", "aa", "kappa")}
 
 
+def train_sciformer(args: argparse.Namespace, exp: Any, seed: int) -> Path:
+    """Train the experiment for ``seed`` (``--ensemble K``: K runs sharing the split); returns the folder with its test metrics.json."""
+    from sciformer.cli import main as cli
+    from sciformer.engine.trainer import Trainer
+
+    root = Path("runs") / f"baselines-{exp.cfg.name}"
+    if args.ensemble == 1:
+        Trainer(exp, root / f"seed{seed}").fit()
+        return root / f"seed{seed}"
+    members = [root / f"seed{seed}-member{j}" for j in range(args.ensemble)]
+    for j, run_dir in enumerate(members):
+        member = config.load(args.config, list(args.overrides) + [f"train.seed={seed + 100 * j}", f"data.split.seed={seed}"])
+        Trainer(member, run_dir).fit()
+    out = root / f"seed{seed}-ensemble{args.ensemble}"
+    if cli(["evaluate", *[a for m in members for a in ("--checkpoint", str(m))], "-o", str(out)]) != 0:
+        raise SystemExit(f"evaluating the ensemble of seed {seed} failed")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", type=Path, required=True, help="an hsi_scene experiment YAML")
@@ -153,6 +176,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--train", action="store_true", help="also train the experiment per seed (runs/baselines-<name>/seedN)")
     parser.add_argument("--runs", type=Path, nargs="*", default=[], help="finished sciformer runs, one per seed")
+    parser.add_argument("--ensemble", type=int, default=1, metavar="K", help="with --train: K runs per seed, scored as one ensemble")
     parser.add_argument("overrides", nargs="*", help="config overrides, as for sciformer train")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -165,11 +189,7 @@ def main() -> None:
         for method, s in run_baselines(pixel_sets(task), task.info.num_classes, seed, args.methods).items():
             results[method].append(s)
         if args.train:
-            from sciformer.engine.trainer import Trainer
-
-            run_dir = Path("runs") / f"baselines-{exp.cfg.name}" / f"seed{seed}"
-            Trainer(exp, run_dir).fit()
-            results["sciformer"].append(sciformer_scores(run_dir))
+            results["sciformer"].append(sciformer_scores(train_sciformer(args, exp, seed)))
         elif i < len(args.runs):
             results["sciformer"].append(sciformer_scores(args.runs[i]))
     print(f"\n{args.config} ({len(args.seeds)} seeds: {' '.join(map(str, args.seeds))}); test pixels, mean +- std")

@@ -2,7 +2,8 @@
 
 ``import sciformer`` stays cheap (no torch); the Python API loads on first use:
 :func:`load` (a trained run -> a predictor of arrays and files), :func:`train` (an
-experiment -> a run folder and its metrics), and the dataset classes ``ModelNet``,
+experiment -> a run folder and its metrics), :func:`pretrain` (masked-band pre-training
+of a hyperspectral model -> a run folder to ``train(..., init_from=...)`` from), and the dataset classes ``ModelNet``,
 ``S3DIS``, ``ShapeNetPart``, ``LasTiles`` and ``HyperspectralScene``.
 """
 
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 # Public names -> the module that defines them, imported on first access (PEP 562).
 _LAZY = {
     "load": "sciformer.api", "train": "sciformer.api", "Predictor": "sciformer.api", "Prediction": "sciformer.api",
-    "TrainResult": "sciformer.api",
+    "TrainResult": "sciformer.api", "pretrain": "sciformer.api",
     "ModelNet": "sciformer.data.classes", "S3DIS": "sciformer.data.classes", "ShapeNetPart": "sciformer.data.classes",
     "LasTiles": "sciformer.data.classes", "HyperspectralScene": "sciformer.data.classes",
 }

@@ -72,12 +72,14 @@ class TrainResult:
 class Predictor:
     """A trained model with its data state, ready to predict arrays or files (see :func:`load`)."""
 
-    def __init__(self, run_or_checkpoint: PathLike, device: str | None = None, overrides: Sequence[str] = ()) -> None:
-        from sciformer.engine.inference import load_for_inference, predict_fn, predictor_state
+    def __init__(self, run_or_checkpoint: PathLike | Sequence[PathLike], device: str | None = None, overrides: Sequence[str] = ()) -> None:
+        from sciformer.engine.ensemble import load_models
+        from sciformer.engine.inference import predict_fn, predictor_state
         from sciformer.registry import DATASETS
 
-        self.source = Path(run_or_checkpoint)
-        self.experiment, state, self.model, self.device = load_for_inference(self.source, list(overrides), device)
+        sources = [run_or_checkpoint] if isinstance(run_or_checkpoint, (str, os.PathLike)) else list(run_or_checkpoint)
+        self.source = Path(sources[0]) if len(sources) == 1 else [Path(s) for s in sources]
+        self.experiment, state, self.model, self.device = load_models(sources, list(overrides), device)
         self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
         self.epoch = state.get("epoch")
@@ -230,8 +232,9 @@ def _numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def load(run_or_checkpoint: PathLike, device: str | None = None, overrides: Sequence[str] = ()) -> Predictor:
-    """A :class:`Predictor` for a run folder (its ``checkpoints/best.pt``) or a checkpoint file.
+def load(run_or_checkpoint: PathLike | Sequence[PathLike], device: str | None = None, overrides: Sequence[str] = ()) -> Predictor:
+    """A :class:`Predictor` for a run folder (its ``checkpoints/best.pt``) or a checkpoint file; a list of
+    them is an ensemble of runs of one experiment (their probabilities averaged, as ``--checkpoint`` repeated).
 
     ``device``: ``cpu``, ``cuda``, ``cuda:N`` (default: the run's ``train.device``);
     ``overrides``: dotted ``key=value`` changes, as ``sciformer predict`` takes them.
@@ -281,4 +284,30 @@ def train(
     return TrainResult(Path(result.run_dir), dict(result.test or {}), int(result.best_epoch), history)
 
 
-__all__ = ["Prediction", "Predictor", "TrainResult", "load", "train"]
+def pretrain(
+    config: PathLike | Mapping[str, Any],
+    overrides: Sequence[str] | Mapping[str, Any] | None = None,
+    *,
+    output_dir: PathLike | None = None,
+    seed: int | None = None,
+    epochs: int = 20,
+    mask_ratio: float = 0.5,
+    band_group: int = 10,
+    pixel_ratio: float = 0.0,
+    pixels: str = "all",
+    base_dir: PathLike | None = None,
+) -> Path:
+    """Masked-band pre-training of a hyperspectral experiment's ``spectral_spatial`` model, exactly
+    as ``sciformer pretrain`` does; returns the run folder (``train(..., init_from=folder)`` starts from it).
+
+    ``pixels="all"`` pre-trains on every pixel of the scene (test and unlabelled ones
+    included; no label enters the objective), ``"train"`` on the training pixels only.
+    """
+    from sciformer.engine.pretrain import PretrainSettings, pretrain_config
+
+    settings = PretrainSettings(epochs=epochs, mask_ratio=mask_ratio, band_group=band_group, pixel_ratio=pixel_ratio, pixels=pixels)
+    source = dict(config) if isinstance(config, Mapping) else config
+    return pretrain_config(source, _override_list(overrides), settings, output_dir=output_dir, seed=seed, base_dir=base_dir)
+
+
+__all__ = ["Prediction", "Predictor", "TrainResult", "load", "pretrain", "train"]

@@ -1,4 +1,4 @@
-"""Command line: ``sciformer train|evaluate|predict|info|report|compare|config``.
+"""Command line: ``sciformer train|pretrain|evaluate|predict|info|report|compare|config``.
 
 Every user-facing error prints one line on stderr and exits with code 2 (130 when
 interrupted), without a traceback. ``SCIFORMER_DEBUG=1`` shows tracebacks.
@@ -43,8 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     _add_overrides(train)
 
+    pre = sub.add_parser("pretrain", help="hyperspectral: self-supervised masked-band pre-training on a scene's pixels (no labels)")
+    pre.add_argument("--config", "-c", required=True, type=Path, help="experiment YAML (its data, model, optimizer and train settings)")
+    pre.add_argument("--output-dir", "-o", type=Path, help="run folder (default runs/<name>-pretrain-<time>)")
+    pre.add_argument("--seed", type=int, help="shortcut for train.seed=N (the split and normalisation follow it, as in train)")
+    pre.add_argument("--epochs", type=int, default=20, help="pre-training epochs (default 20)")
+    pre.add_argument("--mask-ratio", type=float, default=0.5, help="fraction of band groups hidden per patch (default 0.5)")
+    pre.add_argument("--band-group", type=int, default=10, help="neighbouring bands hidden together (default 10)")
+    pre.add_argument("--pixel-ratio", type=float, default=0.0, help="fraction of each patch's pixels hiding their whole spectrum too (default 0)")
+    pre.add_argument("--pixels", choices=["all", "train"], default="all",
+                     help="all: every pixel of the scene, test and unlabelled included (transductive; default); train: training pixels only")
+    _add_overrides(pre)
+
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on its experiment's test (or val) split")
-    evaluate.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file, or a run folder (its checkpoints/best.pt)")
+    evaluate.add_argument("--checkpoint", required=True, type=Path, action="append", metavar="CKPT",
+                          help="checkpoint file, or a run folder (its checkpoints/best.pt); repeat it to evaluate an ensemble (probabilities averaged)")
     evaluate.add_argument("--output-dir", "-o", type=Path, help="where to write metrics (default <run>/evaluation)")
     evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
     evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
@@ -52,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(evaluate)
 
     predict = sub.add_parser("predict", help="predict new input files with a trained checkpoint")
-    predict.add_argument("--checkpoint", required=True, type=Path, metavar="CKPT", help="checkpoint file, or a run folder (its checkpoints/best.pt)")
+    predict.add_argument("--checkpoint", required=True, type=Path, action="append", metavar="CKPT",
+                         help="checkpoint file, or a run folder (its checkpoints/best.pt); repeat it to predict with an ensemble")
     predict.add_argument("--input", "-i", required=True, action="append", metavar="PATH",
                          help="input file, folder or quoted glob (repeatable); the model loads once for all")
     predict.add_argument("--output", "-o", required=True,
@@ -103,6 +117,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from sciformer.engine.pretrain import PretrainSettings, pretrain_config
+    from sciformer.engine.signals import terminate_as_interrupt
+
+    terminate_as_interrupt()
+    settings = PretrainSettings(epochs=args.epochs, mask_ratio=args.mask_ratio, band_group=args.band_group,
+                                pixel_ratio=args.pixel_ratio, pixels=args.pixels)
+    pretrain_config(args.config, args.overrides, settings, output_dir=args.output_dir, seed=args.seed)
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
@@ -115,18 +140,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
+    from sciformer.engine.ensemble import load_models
     from sciformer.engine.evaluation import evaluate_and_export
-    from sciformer.engine.inference import check_split_not_empty, load_for_inference, predictor_state
+    from sciformer.engine.inference import check_split_not_empty, predictor_state
     from sciformer.engine.weights import check_data_fits
 
-    exp, state, model, device = load_for_inference(args.checkpoint, overrides)
+    exp, state, model, device = load_models(args.checkpoint, overrides)
     task = builders.build_task(exp)
     check_split_not_empty(task, exp.cfg.evaluation.split)
     task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=args.allow_band_mismatch)
-    ckpt_file = checkpoint_file(args.checkpoint, in_run="best.pt")
-    check_data_fits(state, exp, task.info, ckpt_file)  # classes, and input channels where the model is sized by them
-    out_dir = args.output_dir or ckpt_file.resolve().parent.parent / "evaluation"
-    evaluate_and_export(exp, task, model, device, out_dir, extra={"checkpoint": str(ckpt_file), "checkpoint_epoch": state.get("epoch")})
+    files = [checkpoint_file(c, in_run="best.pt") for c in args.checkpoint]
+    check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
+    folder = "evaluation" if len(files) == 1 else f"evaluation-ensemble-{len(files)}"
+    out_dir = args.output_dir or files[0].resolve().parent.parent / folder
+    extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
+        {"checkpoints": [str(f) for f in files], "checkpoint_epochs": model.epochs}
+    evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
     print(f"wrote {out_dir / 'metrics.json'}")
     return 0
 
@@ -164,8 +193,8 @@ def read_files(args: argparse.Namespace) -> list[Path]:
 
 def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: Any) -> int:
     from sciformer.engine.checkpoint import load_checkpoint
+    from sciformer.engine.ensemble import load_models
     from sciformer.engine.inference import (
-        load_for_inference,
         plan_outputs,
         predict_fn,
         prediction_suffixes,
@@ -173,7 +202,7 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     )
     from sciformer.registry import DATASETS
 
-    state = load_checkpoint(args.checkpoint, in_run="best.pt")
+    state = load_checkpoint(args.checkpoint[0], in_run="best.pt")
     name = str(((state.get("config") or {}).get("data") or {}).get("name"))
     entry = DATASETS.get(name, key="data.name")
     if entry.predictor is None:
@@ -183,7 +212,7 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     pairs = plan_outputs(inputs, args.output, prediction_suffixes(entry.predictor), fmt=args.format,
                          overwrite=args.overwrite, many=many, read_too=read_files(args),
                          beside=None if written_beside is None else (lambda out: written_beside(out, options)))
-    exp, state, model, device = load_for_inference(args.checkpoint, list(args.overrides), args.device)
+    exp, state, model, device = load_models(args.checkpoint, list(args.overrides), args.device)
     predict = predict_fn(model, device, exp.cfg.train.amp)
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
     for input_path, output_path in pairs:
@@ -270,7 +299,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "info": cmd_info,
+COMMANDS = {"train": cmd_train, "pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "predict": cmd_predict, "info": cmd_info,
             "report": cmd_report, "compare": cmd_compare, "config": cmd_config}
 
 

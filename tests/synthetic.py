@@ -36,6 +36,24 @@ def make_hsi_scene(h: int = 30, w: int = 26, bands: int = 8, classes: int = 4, s
     return cube, gt, wavelengths
 
 
+def write_hsi_experiment(folder: Path, *, bands: int = 8, train: str = "epochs: 1, batch_size: 16, progress: never, threads: 1",
+                         extra: str = "") -> Path:
+    """A 16 x 18 scene of :func:`make_hsi_scene` as ``folder/scene.mat`` and a tiny ``spectral_spatial``
+    experiment on it (``folder/tiny.yaml``: 3 x 3 patches, 20 training pixels per class); returns the YAML."""
+    import scipy.io
+
+    cube, gt, _ = make_hsi_scene(h=16, w=18, bands=bands, classes=3, block=4)
+    scipy.io.savemat(folder / "scene.mat", {"cube": cube, "labels": gt.astype(np.uint8)})
+    cfg = folder / "tiny.yaml"
+    cfg.write_text(
+        "name: tiny_hsi\n"
+        "data: {name: hsi_scene, source: scene.mat, patch_size: 3, split: {kind: stratified, train_per_class: 20, val_fraction: 0.2}}\n"
+        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
+        f"train: {{{train}}}\n" + extra
+    )
+    return cfg
+
+
 # --------------------------------------------------------------------------- point clouds
 
 

@@ -62,6 +62,9 @@ def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str |
     A run folder means its ``checkpoints/best.pt``; every mismatch is a one-line CheckpointError.
     """
     state = load_checkpoint(ckpt_path, in_run="best.pt")  # a run folder: the model its metrics.json reports
+    if state.get("pretrain") is not None:
+        raise CheckpointError(f"checkpoint '{ckpt_path}' holds pre-trained weights without a classifier; fine-tune them first: "
+                              f"sciformer train -c CONFIG --init-from {ckpt_path}")
     exp = checkpoint_experiment(state, ckpt_path, list(overrides) + trained_feature_overrides(state, overrides))
     apply_threads(exp.cfg.train.threads)  # as in training: train.threads, null the measured best
     device = pick_device(device_name or exp.cfg.train.device)

@@ -12,9 +12,9 @@ checkpoints written before ``loss`` was recorded take it from their history row 
 best epoch (none there: ties keep the earlier checkpoint, as they did before).
 
 A validation whose loss is NaN (batches without a labelled sample add no loss, so a NaN
-means the model gave non-finite logits on some sample) becomes ``best.pt`` only while no
-validation with a finite loss has; a validation with a finite loss replaces it whatever
-its metric.
+means the model gave non-finite logits on some sample) never becomes ``best.pt``: the
+arg-max of NaN scores is class 0, not a prediction, so the trainer records its metrics as
+NaN. A best record with a NaN loss (written before this rule) yields to any finite one.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _is_nan(value: Any) -> bool:
 
 def improves(best: dict[str, Any], value: float, loss: float | None) -> bool:
     """Whether a validation scoring ``value`` (of ``best['metric']``) with mean ``loss`` replaces best.pt."""
-    if not math.isfinite(value):
+    if not math.isfinite(value) or _is_nan(loss):
         return False
     top = best.get("value")
     if top is None:

@@ -39,6 +39,7 @@ from sciformer.engine.inference import check_split_not_empty
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
+from sciformer.engine.pretrain_record import pretrain_note
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
 from sciformer.engine.runtime import (
     apply_threads,
@@ -106,7 +107,9 @@ class Trainer:
         self.init_from: dict[str, Any] | None = None  # what train.init_from loaded (fine-tuning), for env.json
         if resume_state is None and t.init_from is not None:
             line, self.init_from = init_from_checkpoint(self.model, resolve_init_from(t.init_from, exp.base_dir), exp.to_dict(), builders.data_info_to_dict(self.info))
-            self.log(line)
+            for text in (line, pretrain_note(self.init_from, self.task)):
+                if text:
+                    self.log(text)
         self.noise = StepNoise(t.seed, self.dist.rank)
         install(self.model, self.noise)  # dropout masks follow the sample, not the process
         self.net: nn.Module = self.model  # what the training loop calls (DDP-wrapped when distributed)
@@ -274,8 +277,11 @@ class Trainer:
                 with self._averaged() if validate or not self.has_val else nullcontext():
                     if validate:
                         scores, val_loss = self._evaluate("val")
-                        row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in scores.summary().items()})
-                        value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
+                        summary = scores.summary()
+                        if math.isnan(val_loss):  # non-finite scores on some sample: their arg-max (class 0) is no prediction
+                            summary = {k: math.nan if isinstance(v, float) else v for k, v in summary.items()}
+                        row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in summary.items()})
+                        value = math.nan if math.isnan(val_loss) else val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
                         if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss
                             self.best.update(value=float(value), epoch=self.epoch, loss=float(val_loss))
                             self._save("best.pt")
@@ -291,8 +297,8 @@ class Trainer:
                 self._save("last.pt")
                 self.log(_epoch_line(row, t.epochs))
                 if validate and isinstance(row.get("val_loss"), float) and math.isnan(row["val_loss"]):
-                    self.log("  validation loss is NaN: the model gives non-finite scores on some validation sample "
-                             "(diverged? try train.grad_clip or a lower optimizer.lr)")
+                    self.log("  validation loss is NaN: the model gives non-finite scores on some validation sample, so this epoch "
+                             "scores NaN and cannot become best.pt (diverged? try train.grad_clip or a lower optimizer.lr)")
                 if self.dist.any(stop.signal is not None, self.device):  # a signal during validation or the save
                     raise Interrupted(f"stopped by signal {stop.signal or 'on another rank'} after epoch {self.epoch}; "
                                       f"checkpoint written, continue with: sciformer train --resume {self.run_dir}")
@@ -375,7 +381,8 @@ class Trainer:
         state = load_checkpoint(best_path)
         self.model.load_state_dict(state["model"])
         result = evaluate_and_export(self.exp, self.task, self.model, self.device, self.run_dir,
-                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"]},
+                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"],
+                                            **({"pretrained": pre} if (pre := (state.get("init_from") or {}).get("pretrain")) else {})},
                                      log=self.log, dist=self.dist)
         return RunResult(self.run_dir, result, int(state["best"]["epoch"]))
 

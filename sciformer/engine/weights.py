@@ -274,6 +274,8 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
         line += f"; ignored {len(unused)} checkpoint tensors the model lacks ({_list(unused)})"
     record = {"checkpoint": str(file.resolve()), "sha256": _sha256(file), "model": ctx.ckpt_model, "epoch": state.get("epoch"),
               "loaded": len(loaded), "tensors": len(own), "reinitialised": [n for names in redone.values() for n in names]}
+    if isinstance(state.get("pretrain"), dict):  # written by `sciformer pretrain`: how the encoder was pre-trained
+        record["pretrain"] = {k: v for k, v in state["pretrain"].items() if k not in ("history", "env")}
     return line, record
 
 

@@ -253,7 +253,12 @@ class SpectralSpatialTransformer(nn.Module):
         head_in = 2 * dim if cfg.pool == "cls_centre" else dim
         self.head = nn.Linear(head_in, num_classes)
 
-    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+    def encode(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Encoded tokens: cls, the p*p pixels in row-major order, then the band tokens (if any).
+
+        Shapes:
+            batch["patch"]: (n, B, p, p) -> (n, 1 + p*p [+ Lb], D)
+        """
         x = _patch(batch, self.patch_size)  # (n, B, p, p)
         n, num_bands, p, _ = x.shape
         band_pos = self.positions(batch, num_bands, x.device)  # (B,)
@@ -274,7 +279,10 @@ class SpectralSpatialTransformer(nn.Module):
             b = self.rel_bias(self.pixel_offsets)  # (H, p*p, p*p)
             extra = z.shape[1] - 1 - p * p
             bias = F.pad(b, (1, extra, 1, extra))  # (H, 1 + p*p + Lb, same)
-        z = self.encoder(z, attn_bias=bias)  # (n, 1 + p*p [+ Lb], D)
+        return self.encoder(z, attn_bias=bias)  # (n, 1 + p*p [+ Lb], D)
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        z = self.encode(batch)  # (n, 1 + p*p [+ Lb], D)
         centre = z[:, 1 + self.centre_index]  # (n, D)
         if self.cfg.pool == "cls":
             feat = z[:, 0]

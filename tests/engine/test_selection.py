@@ -101,14 +101,15 @@ def test_resume_keeps_the_best_value_and_loss(stored: str, toy_config: Path, tmp
     assert _best(run)["epoch"] == (3 if stored == "nothing" else 5)
 
 
-def test_a_validation_with_a_nan_loss_yields_to_any_finite_one() -> None:
-    """A NaN validation loss means the model gave non-finite logits (ignored-only batches add no loss):
-    its arg-max predictions may still score well, but a model with a finite loss is preferred."""
+def test_a_validation_with_a_nan_loss_is_never_chosen() -> None:
+    """A NaN validation loss means the model gave non-finite logits (ignored-only batches add no loss);
+    the arg-max of NaN scores is class 0, which may even score well: such a model is never best.pt."""
     nan = float("nan")
     assert not improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": 0.5}, 1.0, nan)
-    assert improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, nan)  # nothing better yet
-    assert improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": nan}, 0.5, 2.0)  # finite beats NaN
-    assert improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": nan}, 0.95, nan)  # among NaN: the metric
+    assert not improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, nan)  # not even the first
+    assert not improves({"metric": "loss", "value": None, "epoch": -1, "loss": None}, nan, nan)
+    assert improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": nan}, 0.5, 2.0)  # a NaN best of an older run yields
+    assert not improves({"metric": "oa", "value": 0.9, "epoch": 1, "loss": nan}, 0.95, nan)
     assert improves({"metric": "oa", "value": None, "epoch": -1, "loss": None}, 0.9, None)  # no loss known: the metric decides
 
 
@@ -124,18 +125,23 @@ def test_no_finite_validation_is_one_line_not_a_missing_best_pt(toy_config: Path
     assert not (run / "metrics.json").exists() and (run / "checkpoints" / "last.pt").exists()
 
 
-def test_a_nan_loss_validation_is_kept_only_until_a_finite_one(toy_config: Path, tmp_path: Path, scripted: dict) -> None:
+def test_a_nan_loss_validation_scores_nan_and_is_never_best(toy_config: Path, tmp_path: Path, scripted: dict) -> None:
     nan = float("nan")
-    scripted.update({1: (0, nan), 2: (3, 1.0), 3: (1, nan)})
+    scripted.update({1: (0, nan), 2: (3, 1.0), 3: (1, nan)})  # epochs 1 and 3 would win on OA
     run = tmp_path / "run"
     assert main(["train", "-c", str(toy_config), "-o", str(run)]) == 0
     assert _best(run)["epoch"] == 2
+    rows = (run / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    for line, expect_nan in zip(rows[1:], (True, False, True)):
+        row = dict(zip(header, line.split(",")))
+        assert (row["val_oa"] == "nan") == expect_nan and (row["val_kappa"] == "nan") == expect_nan, row
 
 
 def test_a_diverged_scene_model_ends_with_one_line_not_class_zero_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Five stages on 100-point crops with SGD at lr 0.5: one step sends the weights to ~1e14,
-    every validation loss is NaN. The test evaluation of every point refuses the NaN scores
-    in one line and writes no metrics.json (before: OA from NaN arg-maxes, all class 0)."""
+    every validation loss is NaN, so no epoch becomes best.pt: the run ends with one line and
+    writes no metrics.json (before: OA from NaN arg-maxes, all class 0)."""
     import warnings
 
     from synthetic import write_s3dis
@@ -151,8 +157,8 @@ def test_a_diverged_scene_model_ends_with_one_line_not_class_zero_metrics(tmp_pa
                      "-o", str(run), f"data.root={folder}", *tiny])
     out, err = capsys.readouterr()
     err = err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "non-finite scores" in err[0] and "diverged" in err[0], err
+    assert code == 2 and len(err) == 1 and "none of the 1 validations gave a finite value" in err[0], err
     assert "validation loss is NaN" in out and "train.grad_clip" in out  # said when it happened, not only at the end
-    assert not (run / "metrics.json").exists() and (run / "checkpoints" / "best.pt").exists()
+    assert not (run / "metrics.json").exists() and not (run / "checkpoints" / "best.pt").exists()
     history = (run / "metrics.csv").read_text().splitlines()
     assert history[1].split(",")[4] == "nan"  # val_loss: the sign of the divergence

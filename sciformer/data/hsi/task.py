@@ -208,13 +208,26 @@ class HSISceneTask(TaskData):
             rows, cols = np.nonzero(label_map)  # row-major order
             coords = np.stack([rows, cols], axis=1)  # (n, 2)
             targets = label_map[rows, cols] - 1  # (n,) 0-based
-            aug = self.cfg.augment if split == "train" else AugmentConfig(flip=False, rotate=False)
-            zero = self.normalizer.transform(np.zeros((1, self.facts.bands), dtype=np.float32))[0] if aug.illumination else None
-            self._datasets[split] = PatchDataset(
-                self.padded, coords, targets, self.cfg.patch_size, flip=aug.flip, rotate=aug.rotate,
-                illumination=aug.illumination, noise=aug.noise, zero=zero,
-            )
+            self._datasets[split] = self._patches(coords, targets, augment=split == "train")
         return self._datasets[split]
+
+    def pretrain_dataset(self, pixels: str = "all") -> PatchDataset:
+        """Patches for self-supervised pre-training (targets are 0; no label is read): every
+        pixel of the scene (``"all"``: unlabelled and test pixels included) or the training
+        pixels (``"train"``), in row-major order, with the training augmentation."""
+        if pixels == "all":
+            rows, cols = np.divmod(np.arange(self.facts.height * self.facts.width), self.facts.width)
+        elif pixels == "train":
+            rows, cols = np.nonzero(self.split.maps()["train"])
+        else:
+            raise ConfigError(f"pretrain --pixels: expected 'all' or 'train', got {pixels!r}")
+        return self._patches(np.stack([rows, cols], axis=1), np.zeros(len(rows), dtype=np.int64), augment=True)
+
+    def _patches(self, coords: np.ndarray, targets: np.ndarray, *, augment: bool) -> PatchDataset:
+        aug = self.cfg.augment if augment else AugmentConfig(flip=False, rotate=False)
+        zero = self.normalizer.transform(np.zeros((1, self.facts.bands), dtype=np.float32))[0] if aug.illumination else None
+        return PatchDataset(self.padded, coords, targets, self.cfg.patch_size, flip=aug.flip, rotate=aug.rotate,
+                            illumination=aug.illumination, noise=aug.noise, zero=zero)
 
     def class_counts(self) -> list[int]:
         """Training pixels per class."""

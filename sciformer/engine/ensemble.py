@@ -1,0 +1,105 @@
+"""Ensembles: several trained runs of one experiment, their class probabilities averaged.
+
+``sciformer evaluate --checkpoint A --checkpoint B ...`` and ``sciformer predict
+--checkpoint A --checkpoint B ...`` load every member with :func:`load_models`; the members
+must share the data (the ``data`` section, the fitted preprocessing in ``data_state`` and
+the classes), so the test pixels or points of one are the test data of all. Members may
+differ in anything else: the seed of the weights, the model (v1 and v3 point backbones),
+the epochs. Where the data draws a split from a seed (``data.split.seed``, or ``train.seed`` where that
+is null), the members must have drawn it with the same seed: otherwise the test data of
+one may be the training data of another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sciformer.config import Experiment
+from sciformer.engine.checkpoint import checkpoint_file
+from sciformer.errors import CheckpointError
+
+
+class Ensemble(nn.Module):
+    """The mean of the members' softmax probabilities, returned as its logarithm (a logit: the
+    arg-max, the softmax and the cross-entropy are those of the averaged probabilities).
+
+    Shapes:
+        batch (as each member takes it) -> (n, C) log mean probability (-inf where every member gives 0)
+    """
+
+    def __init__(self, members: Sequence[nn.Module], epochs: Sequence[Any] = ()) -> None:
+        super().__init__()
+        if len(members) < 2:
+            raise CheckpointError(f"an ensemble needs at least 2 members, got {len(members)}")
+        self.members = nn.ModuleList(members)
+        self.epochs = list(epochs)  # each member's checkpoint epoch, for metrics.json
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        probs = torch.stack([torch.softmax(m(batch).float(), dim=-1) for m in self.members])  # (M, n, C)
+        return probs.mean(dim=0).log()  # (n, C)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    keys = sorted(set(a) | set(b), key=str)
+    return next((str(k) for k in keys if not _same(a.get(k), b.get(k))), None)
+
+
+def _resolved_data(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's ``data`` section with a null ``split.seed`` replaced by the run's ``train.seed``
+    (the seed that drew its split)."""
+    cfg = state.get("config") or {}
+    data = dict(cfg.get("data") or {})
+    split = data.get("split")
+    if isinstance(split, dict) and "seed" in split and split["seed"] is None:
+        data["split"] = {**split, "seed": (cfg.get("train") or {}).get("seed")}
+    return data
+
+
+def check_members(paths: Sequence[Path], states: Sequence[dict[str, Any]]) -> None:
+    """One-line CheckpointError unless every member shares the first one's data."""
+    first, where = states[0], checkpoint_file(paths[0], "best.pt")
+    data0 = _resolved_data(first)
+    for path, state in zip(paths[1:], states[1:]):
+        other = checkpoint_file(path, "best.pt")
+        data = _resolved_data(state)
+        key = _first_difference(data0, data)
+        if key == "split" and _first_difference(data0["split"], data["split"]) == "seed":
+            raise CheckpointError(f"ensemble: '{other}' drew its split with seed {data['split']['seed']}, '{where}' with seed "
+                                  f"{data0['split']['seed']} (data.split.seed, or train.seed where that is null); members must share the split")
+        if key is not None:
+            raise CheckpointError(f"ensemble: '{other}' was trained with another data.{key} than '{where}'; members must share the data")
+        for part in ("data_state", "data_info"):
+            key = _first_difference(first.get(part) or {}, state.get(part) or {})
+            if key is not None:
+                raise CheckpointError(f"ensemble: '{other}' and '{where}' differ in {part}.{key} (another split or preprocessing); "
+                                      "members must share the data")
+
+
+def load_models(paths: Sequence[str | Path], overrides: list[str], device_name: str | None = None) -> tuple[Experiment, dict[str, Any], nn.Module, torch.device]:
+    """As :func:`~sciformer.engine.inference.load_for_inference` for one checkpoint; for several,
+    the first one's experiment and state with an :class:`Ensemble` of all, checked by :func:`check_members`."""
+    from sciformer.engine.inference import load_for_inference
+
+    paths = [Path(p) for p in paths]
+    loaded = [load_for_inference(p, overrides, device_name) for p in paths]
+    if len(loaded) == 1:
+        return loaded[0]
+    check_members(paths, [state for _, state, _, _ in loaded])
+    exp, state, _, device = loaded[0]
+    members = Ensemble([model for _, _, model, _ in loaded], [st.get("epoch") for _, st, _, _ in loaded])
+    return exp, state, members.to(device).eval(), device

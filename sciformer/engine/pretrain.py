@@ -1,0 +1,224 @@
+"""``sciformer pretrain``: masked-band pre-training of a hyperspectral experiment's model.
+
+The experiment's data (split, normalisation fitted on its training pixels, patches,
+augmentation), model, optimizer, schedule, batch size, seed, threads and gradient clip
+are used as they are; ``epochs``, the hidden fraction and the band-group size are the
+command's own. No label is read. The run folder gets::
+
+    config.yaml                 the resolved experiment
+    pretrain.json               settings, pixels used, the loss of every epoch
+    splits.npz, protocol.json   the split (its training pixels fit the normalisation)
+
+``sciformer train --init-from`` records the pre-training settings in the new run's env.json
+and metrics.json and says when the protocol is transductive (``--pixels all``) or the
+encoder saw another split's training pixels
+(:func:`~sciformer.engine.pretrain_record.pretrain_note`).
+    metrics.csv                 epoch, train_loss (the masked-band loss), epoch_time_s
+    checkpoints/best.pt         the encoder's weights, written once at the end (no head:
+                                ``sciformer train --init-from RUN`` starts a new head)
+
+An interrupted or diverged pre-training writes no checkpoint; run it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sciformer import config
+from sciformer.config import Experiment
+from sciformer.engine import builders
+from sciformer.engine.batching import EpochBatchSampler
+from sciformer.engine.checkpoint import save_checkpoint
+from sciformer.engine.launch import default_run_dir
+from sciformer.engine.loops import TrainingDiverged, to_device
+from sciformer.engine.noise import PerSampleRNG
+from sciformer.engine.pretrain_record import train_pixels_digest
+from sciformer.engine.runfolder import RunFolderError, lock_run_dir
+from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
+from sciformer.errors import ConfigError, SciformerError
+from sciformer.spectral.pretrain import MaskedBandModelling, band_group_mask, pixel_mask
+from sciformer.utils.atomic import atomic_write_text
+from sciformer.utils.progress import progress
+
+
+@dataclass
+class PretrainSettings:
+    """The command's own settings (everything else comes from the experiment)."""
+
+    epochs: int = 20
+    mask_ratio: float = 0.5
+    band_group: int = 10
+    pixel_ratio: float = 0.0  # share of each patch's pixels hiding their whole spectrum
+    pixels: str = "all"  # all | train
+
+    def check(self) -> None:
+        for name in ("epochs", "band_group"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise ConfigError(f"pretrain {name}: expected an integer, got {getattr(self, name)!r}")
+        for name in ("mask_ratio", "pixel_ratio"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)):
+                raise ConfigError(f"pretrain {name}: expected a number, got {getattr(self, name)!r}")
+        if not 1 <= self.epochs <= 100_000:
+            raise ConfigError(f"pretrain --epochs: expected 1..100000, got {self.epochs}")
+        if not 0.0 < self.mask_ratio < 1.0:
+            raise ConfigError(f"pretrain --mask-ratio: expected a fraction in (0, 1), got {self.mask_ratio}")
+        if not 0.0 <= self.pixel_ratio < 1.0:
+            raise ConfigError(f"pretrain --pixel-ratio: expected a fraction in [0, 1), got {self.pixel_ratio}")
+        if not 1 <= self.band_group <= 100_000:
+            raise ConfigError(f"pretrain --band-group: expected a positive band count, got {self.band_group}")
+        if self.pixels not in ("all", "train"):
+            raise ConfigError(f"pretrain --pixels: expected 'all' or 'train', got {self.pixels!r}")
+
+    def hidden_counts(self, channels: int, patch_size: int) -> tuple[int, int, int]:
+        """(band groups, groups hidden, pixels hidden) per patch; a setting that hides every band
+        or no pixel although asked to is a one-line ConfigError."""
+        groups = -(-channels // self.band_group)
+        if groups < 2:
+            raise ConfigError(f"pretrain --band-group {self.band_group}: the model's {channels} input channels make {groups} group, "
+                              f"so every band would be hidden; use at most {max(channels // 2, 1)}")
+        hidden = min(max(round(self.mask_ratio * groups), 1), groups - 1)
+        pixels = min(round(self.pixel_ratio * patch_size * patch_size), patch_size * patch_size - 1)
+        if self.pixel_ratio and pixels == 0:
+            raise ConfigError(f"pretrain --pixel-ratio {self.pixel_ratio:g} hides no pixel of a {patch_size} x {patch_size} patch")
+        return groups, hidden, pixels
+
+
+def pretrain_config(config_source: str | Path | dict[str, Any], overrides: Sequence[str], settings: PretrainSettings, *,
+                    output_dir: str | Path | None = None, seed: int | None = None, base_dir: str | Path | None = None) -> Path:
+    """``sciformer pretrain`` and ``sciformer.pretrain``: load the experiment (a YAML path, or a dict
+    with paths relative to ``base_dir``), pre-train into ``output_dir`` (default
+    ``runs/<name>-pretrain-<time>``); returns the run folder."""
+    settings.check()  # before any data is read
+    extra = [str(o) for o in overrides] + ([f"train.seed={seed}"] if seed is not None else [])
+    if isinstance(config_source, dict):
+        exp = config.from_dict(config_source, Path(base_dir) if base_dir is not None else Path.cwd(), extra, source="config dict")
+    else:
+        exp = config.load(config_source, extra)
+    run_dir = Path(output_dir) if output_dir is not None else default_run_dir(f"{exp.cfg.name}-pretrain")
+    pretrain(exp, run_dir, settings)
+    return run_dir
+
+
+def pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: Any = print) -> Path:
+    """Pre-train ``exp``'s model into ``run_dir``; returns the checkpoint written."""
+    settings.check()
+    ckpt = run_dir / "checkpoints" / "best.pt"
+    if ckpt.exists() or (run_dir / "checkpoints" / "last.pt").exists():
+        raise RunFolderError(f"--output-dir {run_dir} already holds a run; choose another folder")
+    lock = lock_run_dir(run_dir, fresh=True)
+    try:
+        _pretrain(exp, run_dir, settings, log)
+        return ckpt
+    finally:
+        lock.release()  # removes the folder again if nothing was written
+
+
+def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: Any) -> None:
+    t = exp.cfg.train
+    if t.init_from is not None:
+        raise ConfigError("pretrain: train.init_from does not apply (pre-training starts from a fresh model); remove it")
+    ignored = [k for k, on in (("train.amp", t.amp != "none"), ("train.ema", t.ema is not None)) if on]
+    if ignored:
+        log(f"note: pretrain runs in float32 on the raw weights; {', '.join(ignored)} do not apply")
+    apply_threads(t.threads)
+    device = pick_device(t.device)
+    seed_everything(t.seed)
+    task = builders.build_task(exp)
+    if not hasattr(task, "pretrain_dataset"):
+        raise ConfigError(f"pretrain: data '{exp.cfg.data.name}' has no unlabelled pixels to pre-train on; "
+                          "masked-band pre-training is for hyperspectral scenes (hsi_scene)")
+    model = builders.build_model(exp, task.info)
+    objective = MaskedBandModelling(model, settings.mask_ratio, settings.band_group).to(device)
+    groups, hidden, pixels = settings.hidden_counts(task.info.in_channels, int(task.info.patch_size or 1))
+    dataset = task.pretrain_dataset(settings.pixels)
+    steps = len(EpochBatchSampler(len(dataset), t.batch_size, shuffle=True, max_batches=t.max_steps_per_epoch))
+    if steps == 0:
+        raise ConfigError(f"pretrain: {len(dataset)} pixels give no batch of train.batch_size {t.batch_size}")
+    optimizer = builders.build_optimizer(exp.cfg.optimizer, objective)
+    scheduler = builders.build_scheduler(exp.cfg.schedule, optimizer, steps, settings.epochs)
+    log(f"pretrain {exp.cfg.model.name} on {len(dataset):,} pixels ({settings.pixels}; no label enters the objective): per patch "
+        f"{hidden} of {groups} groups of {settings.band_group} bands hidden in every pixel"
+        f"{f' and {pixels} pixels whole' if pixels else ''}; {settings.epochs} epochs of {steps} steps")
+    history: list[dict[str, Any]] = []
+    for epoch in range(settings.epochs):
+        start = time.perf_counter()
+        loss = _epoch(objective, task, dataset, optimizer, scheduler, settings, t, epoch, device)
+        history.append({"epoch": epoch + 1, "train_loss": loss, "epoch_time_s": round(time.perf_counter() - start, 2)})
+        log(f"pretrain epoch {epoch + 1}/{settings.epochs}  masked-band loss {loss:.4f}  {history[-1]['epoch_time_s']:.1f} s")
+    record = {"objective": "masked_bands", **settings.__dict__, "source": str(exp.cfg.data.model_dump().get("source")),
+              "seed": t.seed, "train_pixels_sha256": train_pixels_digest(task), "pixels_used": len(dataset), "history": history,
+              "env": environment(device, t.seed)}
+    record = json.loads(json.dumps(record, default=str))  # plain data only (torch.load reads checkpoints with weights_only)
+    weights = {k: v for k, v in model.state_dict().items() if not k.startswith("head.")}  # the head is the fine-tuning's
+    _write(run_dir, exp, task, record, {"config": exp.to_dict(), "config_dir": str(exp.base_dir), "data_info": builders.data_info_to_dict(task.info),
+                                        "data_state": task.state(), "model": weights, "epoch": settings.epochs, "pretrain": record, "init_from": None})
+    log(f"pretrained weights: {run_dir / 'checkpoints' / 'best.pt'} (start a run from them with: sciformer train -c CONFIG --init-from {run_dir})")
+
+
+def _write(run_dir: Path, exp: Experiment, task: Any, record: dict[str, Any], payload: dict[str, Any]) -> None:
+    """The records, then the checkpoint last; a failure removes what was written (nothing looks finished)."""
+    written = [run_dir / n for n in ("config.yaml", "splits.npz", "protocol.json", "pretrain.json", "metrics.csv", "checkpoints/best.pt")]
+    try:
+        atomic_write_text(run_dir / "config.yaml", exp.to_yaml())
+        task.save_artifacts(run_dir)  # splits.npz, protocol.json: the pixels the normaliser was fitted on
+        atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(run_dir / "metrics.csv", _csv(record["history"]))
+        save_checkpoint(run_dir / "checkpoints" / "best.pt", payload)
+    except BaseException as exc:
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if isinstance(exc, OSError):
+            raise SciformerError(f"pretrain: cannot write the results into {run_dir} ({exc.strerror or exc}); nothing was kept") from None
+        raise
+
+
+def _epoch(objective: MaskedBandModelling, task: Any, dataset: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
+           settings: PretrainSettings, t: Any, epoch: int, device: torch.device) -> float:
+    objective.train()
+    seed = epoch_seed(t.seed, epoch)
+    items = PerSampleRNG(dataset, t.seed, epoch)  # augmentation decided by (seed, epoch, pixel)
+    masks = torch.Generator().manual_seed(seed + 1)
+    batches = EpochBatchSampler(len(items), t.batch_size, shuffle=True, seed=t.seed, epoch=epoch, max_batches=t.max_steps_per_epoch)
+    total, count = 0.0, 0
+    for index in progress(batches, total=len(batches), desc=f"pretrain {epoch + 1}/{settings.epochs}", mode=t.progress):
+        batch = to_device(task.collate([items[i] for i in index]), device)
+        n, num_bands = batch["patch"].shape[:2]
+        hidden = band_group_mask(n, num_bands, settings.band_group, settings.mask_ratio, masks)  # (n, B)
+        if settings.pixel_ratio:
+            p = batch["patch"].shape[-1]
+            hidden = hidden[:, :, None, None] | pixel_mask(n, p, settings.pixel_ratio, masks)[:, None]  # (n, B, p, p)
+        loss = objective(batch, hidden)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise TrainingDiverged(f"pretrain: the masked-band loss became {value} in epoch {epoch + 1}; "
+                                   "lower optimizer.lr or set train.grad_clip")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if t.grad_clip is not None:
+            nn.utils.clip_grad_norm_(objective.parameters(), t.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        total += value * n
+        count += n
+    return total / max(count, 1)
+
+
+def _csv(history: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=["epoch", "train_loss", "epoch_time_s"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(history)
+    return out.getvalue()
