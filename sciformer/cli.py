@@ -7,6 +7,7 @@ interrupted), without a traceback. ``SCIFORMER_DEBUG=1`` shows tracebacks.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -151,10 +152,11 @@ def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
     task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=args.allow_band_mismatch)
     files = [checkpoint_file(c, in_run="best.pt") for c in args.checkpoint]
     check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
-    folder = "evaluation" if len(files) == 1 else f"evaluation-ensemble-{len(files)}"
+    tag = hashlib.sha256("\n".join(str(f.resolve()) for f in files).encode()).hexdigest()[:8]  # one folder per set of members
+    folder = "evaluation" if len(files) == 1 else f"evaluation-ensemble-{len(files)}-{tag}"
     out_dir = args.output_dir or files[0].resolve().parent.parent / folder
     extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
-        {"checkpoints": [str(f) for f in files], "checkpoint_epochs": model.epochs}
+        {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
     evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
     print(f"wrote {out_dir / 'metrics.json'}")
     return 0
@@ -187,8 +189,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def read_files(args: argparse.Namespace) -> list[Path]:
-    """Files ``predict`` reads besides its inputs (``--labels``, a ``--wavelengths`` file): never outputs."""
-    return [Path(v).expanduser() for v in (args.labels, args.wavelengths) if v and Path(v).expanduser().is_file()]
+    """Files ``predict`` reads besides its inputs (``--labels``, a ``--wavelengths`` file, the checkpoints): never outputs."""
+    files = [Path(v).expanduser() for v in (args.labels, args.wavelengths) if v and Path(v).expanduser().is_file()]
+    for ckpt in args.checkpoint:
+        path = Path(ckpt).expanduser()
+        files.append(path if path.is_file() else path / "checkpoints" / "best.pt")
+    return [f for f in files if f.is_file()]
 
 
 def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: Any) -> int:

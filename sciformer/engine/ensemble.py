@@ -3,11 +3,12 @@
 ``sciformer evaluate --checkpoint A --checkpoint B ...`` and ``sciformer predict
 --checkpoint A --checkpoint B ...`` load every member with :func:`load_models`; the members
 must share the data (the ``data`` section, the fitted preprocessing in ``data_state`` and
-the classes), so the test pixels or points of one are the test data of all. Members may
-differ in anything else: the seed of the weights, the model (v1 and v3 point backbones),
-the epochs. Where the data draws a split from a seed (``data.split.seed``, or ``train.seed`` where that
-is null), the members must have drawn it with the same seed: otherwise the test data of
-one may be the training data of another.
+the classes) and place bands alike (``model.position_source``), so the test pixels or
+points of one are the test data of all and one band plan serves all. Members may differ
+in anything else: the seed of the weights, the model (v1 and v3 point backbones), the
+epochs. Where the data draws a split from a seed (``data.split.seed``, or ``train.seed``
+where that is null), the members must have drawn it with the same seed: otherwise the
+test data of one may be the training data of another. A checkpoint given twice is refused.
 """
 
 from __future__ import annotations
@@ -73,10 +74,22 @@ def _resolved_data(state: dict[str, Any]) -> dict[str, Any]:
 def check_members(paths: Sequence[Path], states: Sequence[dict[str, Any]]) -> None:
     """One-line CheckpointError unless every member shares the first one's data."""
     first, where = states[0], checkpoint_file(paths[0], "best.pt")
+    files = [checkpoint_file(p, "best.pt").resolve() for p in paths]
+    twice = next((f for i, f in enumerate(files) if f in files[:i]), None)
+    if twice is not None:
+        raise CheckpointError(f"ensemble: checkpoint '{twice}' is given twice; each member counts once")
     data0 = _resolved_data(first)
+    place0 = ((first.get("config") or {}).get("model") or {}).get("position_source")
     for path, state in zip(paths[1:], states[1:]):
         other = checkpoint_file(path, "best.pt")
         data = _resolved_data(state)
+        if data0.get("name") != data.get("name"):
+            raise CheckpointError(f"ensemble: '{other}' was trained on data '{data.get('name')}', '{where}' on '{data0.get('name')}'; "
+                                  "members must share the data")
+        place = ((state.get("config") or {}).get("model") or {}).get("position_source")
+        if place != place0:  # the band plan of a new cube is made once, for the first member
+            raise CheckpointError(f"ensemble: '{other}' places bands by model.position_source={place}, '{where}' by {place0}; "
+                                  "members must place bands alike")
         key = _first_difference(data0, data)
         if key == "split" and _first_difference(data0["split"], data["split"]) == "seed":
             raise CheckpointError(f"ensemble: '{other}' drew its split with seed {data['split']['seed']}, '{where}' with seed "
@@ -96,6 +109,8 @@ def load_models(paths: Sequence[str | Path], overrides: list[str], device_name: 
     from sciformer.engine.inference import load_for_inference
 
     paths = [Path(p) for p in paths]
+    if not paths:
+        raise CheckpointError("no checkpoint given; name a run folder or checkpoint file (several make an ensemble)")
     loaded = [load_for_inference(p, overrides, device_name) for p in paths]
     if len(loaded) == 1:
         return loaded[0]

@@ -224,7 +224,26 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                 raise SciformerError(f"--output '{w}' is a directory")
             if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it
                 raise SciformerError(f"--output '{w}' exists; pass --overwrite to replace it")
+            _check_name_length(w)
     return pairs
+
+
+def _check_name_length(path: Path) -> None:
+    """Refuse, before any model runs, a file name the folder cannot hold with the temporary name
+    it is written under (``.<name>.<8 characters>.tmp<suffix>``, :mod:`sciformer.utils.atomic`)."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        name_max = int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        name_max = 255
+    limit = name_max - 14 - len(os.fsencode(path.suffix))
+    size = len(os.fsencode(path.name))
+    if size > limit:
+        raise SciformerError(f"--output '{path.name[:40]}...' in '{path.parent}': the file name is {size} bytes; "
+                             f"this folder takes names of at most {name_max}, so at most {limit} here (it is written under "
+                             "a temporary name 14 bytes longer); choose a shorter output name")
 
 
 def prediction_suffixes(predictor: Any) -> tuple[str, ...]:

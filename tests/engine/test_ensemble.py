@@ -47,8 +47,11 @@ def test_evaluate_scores_the_averaged_probabilities(toy_config: Path, tmp_path: 
         assert main(["train", "-c", str(toy_config), "-o", str(run), "--seed", str(seed), "train.epochs=1", "optimizer.lr=1e-3"]) == 0
     args = ["evaluate"] + [a for r in runs for a in ("--checkpoint", str(r))]
     assert main(args) == 0
-    metrics = json.loads((runs[0] / "evaluation-ensemble-3" / "metrics.json").read_text())
-    assert metrics["checkpoints"] == [str(r / "checkpoints" / "best.pt") for r in runs] and len(metrics["checkpoint_epochs"]) == 3
+    (folder,) = runs[0].glob("evaluation-ensemble-3-*")  # named after its members: another set gets another folder
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["checkpoints"] == [str((r / "checkpoints" / "best.pt").resolve()) for r in runs] and len(metrics["checkpoint_epochs"]) == 3
+    assert main(["evaluate", "--checkpoint", str(runs[0]), "--checkpoint", str(runs[1])]) == 0
+    assert len(list(runs[0].glob("evaluation-ensemble-*"))) == 2
 
     from sciformer import config
     from sciformer.engine import builders
@@ -79,8 +82,10 @@ def test_members_must_share_the_data(hsi: Path, tmp_path: Path, capsys: pytest.C
     pinned = [train(f"p{s}", "--seed", str(s), "data.split.seed=5") for s in (0, 1)]
     same = train("same", "train.seed=7", "data.split.seed=0")  # a's split (drawn by its train.seed 0), other weights
     patch = train("patch", "--seed", "0", "data.patch_size=5")
+    index = train("index", "--seed", "0", "model.position_source=index")
     for members, match in (([a, b], "drew its split with seed 1, '"), ([a, patch], "another data.patch_size"),
-                           ([pinned[0], a], "drew its split with seed 0")):
+                           ([pinned[0], a], "drew its split with seed 0"), ([a, index], "members must place bands alike"),
+                           ([a, a / "checkpoints" / "best.pt"], "is given twice")):
         capsys.readouterr()
         assert main(["evaluate", "--checkpoint", str(members[0]), "--checkpoint", str(members[1]), "-o", str(tmp_path / "e")]) == 2
         err = capsys.readouterr().err.strip()
@@ -96,3 +101,14 @@ def test_members_must_share_the_data(hsi: Path, tmp_path: Path, capsys: pytest.C
     np.testing.assert_array_equal(np.load(out), expected)
     both = sciformer.load(pinned).predict(str(tmp_path / "scene.mat")).probabilities
     np.testing.assert_allclose(both, np.mean(members, axis=0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(CheckpointError, match="no checkpoint given"):
+        sciformer.load([])
+
+    # a checkpoint is read, never an output, even with --overwrite
+    member = tmp_path / "member.npy"
+    member.write_bytes((pinned[1] / "checkpoints" / "best.pt").read_bytes())
+    before = member.read_bytes()
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(pinned[0]), "--checkpoint", str(member), "-i", str(tmp_path / "scene.mat"),
+                 "-o", str(member), "--overwrite"]) == 2
+    assert "is an input file" in capsys.readouterr().err and member.read_bytes() == before

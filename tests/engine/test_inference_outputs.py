@@ -26,3 +26,20 @@ def test_a_hard_link_to_the_input_is_the_input(tmp_path: Path) -> None:
         plan_outputs([scan], tmp_path / "sym.npy", SUFFIXES, overwrite=True)
     (tmp_path / "other.npy").write_bytes(b"x")  # a different existing file: --overwrite may replace it
     assert plan_outputs([scan], tmp_path / "other.npy", SUFFIXES, overwrite=True) == [(scan, tmp_path / "other.npy")]
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_name_too_long_for_the_folder_is_refused_before_anything_runs(tmp_path: Path, beside: bool) -> None:
+    """The file system's NAME_MAX (255 here) counts the temporary name an output is written under
+    (14 bytes longer than the name plus its suffix): a name that fits alone may not fit that."""
+    source = tmp_path / "scene.npy"
+    source.write_bytes(b"")
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    fits = "m" * (name_max - 14 - 4 - 4 - (len("_probabilities") if beside else 0)) + ".npy"
+    extra = (lambda out: [out.with_name(out.stem + "_probabilities.npy")]) if beside else None
+    assert plan_outputs([source], tmp_path / fits, (".npy",), beside=extra)  # at the limit: accepted
+    too_long = "m" + fits
+    with pytest.raises(SciformerError, match="choose a shorter output name"):
+        plan_outputs([source], tmp_path / too_long, (".npy",), beside=extra)
+    with pytest.raises(SciformerError, match="choose a shorter output name"):  # a folder output: the input's name
+        plan_outputs([tmp_path / too_long], tmp_path / "out", (".npy",), many=True, beside=extra)
