@@ -1,23 +1,22 @@
 """``sciformer pretrain``: masked-band pre-training of a hyperspectral experiment's model.
 
 The experiment's data (split, normalisation fitted on its training pixels, patches,
-augmentation), model, optimizer, schedule, batch size, seed, threads and gradient clip
-are used as they are; ``epochs``, the hidden fraction and the band-group size are the
-command's own. No label is read. The run folder gets::
+augmentation), model, optimizer, schedule, batch size, seed, threads, steps per epoch and
+gradient clip are used as they are; ``epochs``, the hidden fractions and the band-group
+size are the command's own. No label enters the objective. The run folder gets::
 
     config.yaml                 the resolved experiment
-    pretrain.json               settings, pixels used, the loss of every epoch
-    splits.npz, protocol.json   the split (its training pixels fit the normalisation)
-
-``sciformer train --init-from`` records the pre-training settings in the new run's env.json
-and metrics.json and says when the protocol is transductive (``--pixels all``) or the
-encoder saw another split's training pixels
-(:func:`~sciformer.engine.pretrain_record.pretrain_note`).
+    pretrain.json               settings, scene, seed, pixels used, the loss of every epoch
     metrics.csv                 epoch, train_loss (the masked-band loss), epoch_time_s
-    checkpoints/best.pt         the encoder's weights, written once at the end (no head:
-                                ``sciformer train --init-from RUN`` starts a new head)
+    splits.npz, protocol.json   the split (its training pixels fit the normalisation)
+    checkpoints/best.pt         the encoder's weights (no head: ``sciformer train
+                                --init-from RUN`` starts a new one)
 
-An interrupted or diverged pre-training writes no checkpoint; run it again.
+all written at the end (a failed write removes them): an interrupted or diverged
+pre-training leaves nothing. ``sciformer train --init-from`` records the pre-training
+settings in the new run's env.json and metrics.json and says when the protocol is
+transductive (``--pixels all``) or the encoder saw another split's training pixels
+(:func:`~sciformer.engine.pretrain_record.pretrain_note`).
 """
 
 from __future__ import annotations
