@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on its experiment's test (or val) split")
     evaluate.add_argument("--checkpoint", required=True, type=Path, action="append", metavar="CKPT",
                           help="checkpoint file, or a run folder (its checkpoints/best.pt); repeat it to evaluate an ensemble (probabilities averaged)")
-    evaluate.add_argument("--output-dir", "-o", type=Path, help="where to write metrics (default <run>/evaluation)")
+    evaluate.add_argument("--output-dir", "-o", type=Path,
+                          help="where to write metrics (default <run>/evaluation; an ensemble: <run>/evaluation-ensemble-N-<hash>)")
     evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
     evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
     evaluate.add_argument("--allow-band-mismatch", action="store_true", help="hyperspectral: evaluate a band-index model on other band centres (a loud warning)")

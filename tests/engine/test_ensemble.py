@@ -22,6 +22,12 @@ from sciformer.errors import CheckpointError
 
 
 class _Fixed(torch.nn.Module):
+    """A model that returns the same logits for any batch.
+
+    Shapes:
+        batch (ignored) -> logits (n, C)
+    """
+
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
         self.logits = logits
