@@ -7,6 +7,7 @@ interrupted), without a traceback. ``SCIFORMER_DEBUG=1`` shows tracebacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import sys
@@ -191,10 +192,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def read_files(args: argparse.Namespace) -> list[Path]:
     """Files ``predict`` reads besides its inputs (``--labels``, a ``--wavelengths`` file, the checkpoints): never outputs."""
+    from sciformer.engine.checkpoint import checkpoint_file
+
     files = [Path(v).expanduser() for v in (args.labels, args.wavelengths) if v and Path(v).expanduser().is_file()]
     for ckpt in args.checkpoint:
-        path = Path(ckpt).expanduser()
-        files.append(path if path.is_file() else path / "checkpoints" / "best.pt")
+        with contextlib.suppress(SciformerError):  # a folder without a checkpoint fails later, in one line
+            files.append(checkpoint_file(Path(ckpt).expanduser(), in_run="best.pt"))
     return [f for f in files if f.is_file()]
 
 

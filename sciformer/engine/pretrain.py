@@ -47,7 +47,7 @@ from sciformer.engine.pretrain_record import train_pixels_digest
 from sciformer.engine.runfolder import RunFolderError, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.errors import ConfigError, SciformerError
-from sciformer.spectral.pretrain import MaskedBandModelling, band_group_mask, pixel_mask
+from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
 
@@ -83,12 +83,11 @@ class PretrainSettings:
     def hidden_counts(self, channels: int, patch_size: int) -> tuple[int, int, int]:
         """(band groups, groups hidden, pixels hidden) per patch; a setting that hides every band
         or no pixel although asked to is a one-line ConfigError."""
-        groups = -(-channels // self.band_group)
+        groups, hidden = hidden_groups(channels, self.band_group, self.mask_ratio)
         if groups < 2:
             raise ConfigError(f"pretrain --band-group {self.band_group}: the model's {channels} input channels make {groups} group, "
                               f"so every band would be hidden; use at most {max(channels // 2, 1)}")
-        hidden = min(max(round(self.mask_ratio * groups), 1), groups - 1)
-        pixels = min(round(self.pixel_ratio * patch_size * patch_size), patch_size * patch_size - 1)
+        pixels = hidden_pixels(patch_size, self.pixel_ratio)
         if self.pixel_ratio and pixels == 0:
             raise ConfigError(f"pretrain --pixel-ratio {self.pixel_ratio:g} hides no pixel of a {patch_size} x {patch_size} patch")
         return groups, hidden, pixels
@@ -139,7 +138,7 @@ def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: A
         raise ConfigError(f"pretrain: data '{exp.cfg.data.name}' has no unlabelled pixels to pre-train on; "
                           "masked-band pre-training is for hyperspectral scenes (hsi_scene)")
     model = builders.build_model(exp, task.info)
-    objective = MaskedBandModelling(model, settings.mask_ratio, settings.band_group).to(device)
+    objective = MaskedBandModelling(model, settings.mask_ratio, settings.band_group, settings.pixel_ratio).to(device)
     groups, hidden, pixels = settings.hidden_counts(task.info.in_channels, int(task.info.patch_size or 1))
     dataset = task.pretrain_dataset(settings.pixels)
     steps = len(EpochBatchSampler(len(dataset), t.batch_size, shuffle=True, max_batches=t.max_steps_per_epoch))
@@ -194,12 +193,8 @@ def _epoch(objective: MaskedBandModelling, task: Any, dataset: Any, optimizer: t
     total, count = 0.0, 0
     for index in progress(batches, total=len(batches), desc=f"pretrain {epoch + 1}/{settings.epochs}", mode=t.progress):
         batch = to_device(task.collate([items[i] for i in index]), device)
-        n, num_bands = batch["patch"].shape[:2]
-        hidden = band_group_mask(n, num_bands, settings.band_group, settings.mask_ratio, masks)  # (n, B)
-        if settings.pixel_ratio:
-            p = batch["patch"].shape[-1]
-            hidden = hidden[:, :, None, None] | pixel_mask(n, p, settings.pixel_ratio, masks)[:, None]  # (n, B, p, p)
-        loss = objective(batch, hidden)
+        n, num_bands, p = batch["patch"].shape[:3]
+        loss = objective(batch, objective.draw_hidden(n, num_bands, p, masks))
         value = float(loss.detach())
         if not math.isfinite(value):
             raise TrainingDiverged(f"pretrain: the masked-band loss became {value} in epoch {epoch + 1}; "

@@ -281,8 +281,8 @@ class Trainer:
                         if math.isnan(val_loss):  # non-finite scores on some sample: their arg-max (class 0) is no prediction
                             summary = {k: math.nan if isinstance(v, float) else v for k, v in summary.items()}
                         row.update(val_loss=val_loss, **{f"val_{k}": v for k, v in summary.items()})
-                        value = math.nan if math.isnan(val_loss) else val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
-                        if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss
+                        value = val_loss if t.monitor == "loss" else getattr(scores, t.monitor)
+                        if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss; never a NaN loss
                             self.best.update(value=float(value), epoch=self.epoch, loss=float(val_loss))
                             self._save("best.pt")
                         elif t.early_stop_patience and (self.epoch - self.best["epoch"]) >= t.early_stop_patience * t.val_every:

@@ -29,6 +29,18 @@ from sciformer.errors import ConfigError
 from sciformer.spectral.models import SpectralSpatialTransformer
 
 
+def hidden_groups(num_bands: int, group_size: int, ratio: float) -> tuple[int, int]:
+    """``(G, h)``: the ``G = ceil(B / g)`` band groups and the ``h = round(ratio * G)`` of them hidden,
+    at least one hidden and one kept when ``G >= 2``."""
+    groups = -(-num_bands // group_size)
+    return groups, min(max(round(ratio * groups), 1), max(groups - 1, 1))
+
+
+def hidden_pixels(patch_size: int, ratio: float) -> int:
+    """Pixels of a p x p patch hiding their whole spectrum: ``round(ratio * p * p)``, at most all but one."""
+    return min(round(ratio * patch_size * patch_size), patch_size * patch_size - 1)
+
+
 def band_group_mask(num_samples: int, num_bands: int, group_size: int, ratio: float, generator: torch.Generator) -> torch.Tensor:
     """Which bands each sample hides: ``round(ratio * G)`` of its ``G`` groups of ``group_size``
     neighbouring bands (at least one group hidden and one kept when ``G >= 2``).
@@ -36,8 +48,7 @@ def band_group_mask(num_samples: int, num_bands: int, group_size: int, ratio: fl
     Shapes:
         output: (num_samples, num_bands) bool, True = hidden
     """
-    groups = -(-num_bands // group_size)  # G = ceil(B / g)
-    hidden = min(max(round(ratio * groups), 1), max(groups - 1, 1))
+    groups, hidden = hidden_groups(num_bands, group_size, ratio)
     order = torch.rand(num_samples, groups, generator=generator).argsort(dim=1)  # (n, G)
     group_hidden = torch.zeros(num_samples, groups, dtype=torch.bool)
     group_hidden.scatter_(1, order[:, :hidden], True)  # (n, G)
@@ -52,7 +63,7 @@ def pixel_mask(num_samples: int, patch_size: int, ratio: float, generator: torch
         output: (num_samples, p, p) bool, True = hidden
     """
     count = patch_size * patch_size
-    hidden = min(round(ratio * count), count - 1)
+    hidden = hidden_pixels(patch_size, ratio)
     order = torch.rand(num_samples, count, generator=generator).argsort(dim=1)  # (n, p*p)
     out = torch.zeros(num_samples, count, dtype=torch.bool)
     out.scatter_(1, order[:, :hidden], True)  # (n, p*p)
@@ -88,7 +99,7 @@ class MaskedBandModelling(nn.Module):
         batch["patch"]: (n, B, p, p), hidden: (n, B) or (n, B, p, p) bool -> loss ()
     """
 
-    def __init__(self, model: nn.Module, mask_ratio: float, group_size: int) -> None:
+    def __init__(self, model: nn.Module, mask_ratio: float, group_size: int, pixel_ratio: float = 0.0) -> None:
         super().__init__()
         if not isinstance(model, SpectralSpatialTransformer):
             raise ConfigError(f"pretrain: masked-band pre-training needs model 'spectral_spatial', not {type(model).__name__}")
@@ -96,9 +107,22 @@ class MaskedBandModelling(nn.Module):
             raise ConfigError(f"pretrain --mask-ratio: expected a fraction in (0, 1), got {mask_ratio}")
         if group_size < 1:
             raise ConfigError(f"pretrain --band-group: expected a positive band count, got {group_size}")
+        if not 0.0 <= pixel_ratio < 1.0:
+            raise ConfigError(f"pretrain --pixel-ratio: expected a fraction in [0, 1), got {pixel_ratio}")
         self.model = model
-        self.mask_ratio, self.group_size = float(mask_ratio), int(group_size)
+        self.mask_ratio, self.group_size, self.pixel_ratio = float(mask_ratio), int(group_size), float(pixel_ratio)
         self.decoder = BandDecoder(model.cfg.dim, hidden_dim=model.cfg.spectral_hidden)
+
+    def draw_hidden(self, num_samples: int, num_bands: int, patch_size: int, generator: torch.Generator) -> torch.Tensor:
+        """This objective's hidden values for a batch: band groups in every pixel, or'ed with whole pixels.
+
+        Shapes:
+            output: (n, B) bool, or (n, B, p, p) when ``pixel_ratio`` > 0
+        """
+        hidden = band_group_mask(num_samples, num_bands, self.group_size, self.mask_ratio, generator)  # (n, B)
+        if not self.pixel_ratio:
+            return hidden
+        return hidden[:, :, None, None] | pixel_mask(num_samples, patch_size, self.pixel_ratio, generator)[:, None]  # (n, B, p, p)
 
     def forward(self, batch: dict[str, Any], hidden: torch.Tensor) -> torch.Tensor:
         x = batch["patch"]  # (n, B, p, p)

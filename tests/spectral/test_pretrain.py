@@ -101,3 +101,18 @@ def test_other_models_and_settings_are_one_line_errors() -> None:
     for ratio in (0.0, 1.0, -0.1):
         with pytest.raises(ConfigError, match="mask-ratio"):
             MaskedBandModelling(_model(), ratio, 3)
+
+
+def test_the_objective_draws_the_hidden_values_its_settings_ask_for() -> None:
+    bands_only = MaskedBandModelling(_model(), 0.5, 3)
+    both = MaskedBandModelling(_model(), 0.5, 3, pixel_ratio=0.4)
+    drawn = bands_only.draw_hidden(6, 12, 3, torch.Generator().manual_seed(7))
+    assert torch.equal(drawn, band_group_mask(6, 12, 3, 0.5, torch.Generator().manual_seed(7)))  # (n, B)
+    gen = torch.Generator().manual_seed(7)
+    expected = band_group_mask(6, 12, 3, 0.5, gen)[:, :, None, None] | pixel_mask(6, 3, 0.4, gen)[:, None]
+    drawn = both.draw_hidden(6, 12, 3, torch.Generator().manual_seed(7))
+    assert drawn.shape == (6, 12, 3, 3) and torch.equal(drawn, expected)
+    whole = drawn.all(dim=1)  # pixels hiding every band: round(0.4 * 9) = 4 per patch, plus none by bands alone
+    assert whole.flatten(1).sum(1).tolist() == [4] * 6
+    with pytest.raises(ConfigError, match="pixel-ratio"):
+        MaskedBandModelling(_model(), 0.5, 3, pixel_ratio=1.0)
