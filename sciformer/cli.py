@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -61,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", required=True, type=Path, action="append", metavar="CKPT",
                           help="checkpoint file, or a run folder (its checkpoints/best.pt); repeat it to evaluate an ensemble (probabilities averaged)")
     evaluate.add_argument("--output-dir", "-o", type=Path,
-                          help="where to write metrics (default <run>/evaluation; an ensemble: <run>/evaluation-ensemble-N-<hash>)")
+                          help="where to write metrics (default <run>/evaluation for best.pt on test; evaluation-last, evaluation-val, "
+                               "evaluation-ensemble-N-<hash> otherwise)")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in that folder")
     evaluate.add_argument("--split", choices=["test", "val"], help="split to evaluate (default: evaluation.split)")
     evaluate.add_argument("--votes", type=int, metavar="V", help="test-time votes per sample, classification only (default: evaluation.votes)")
     evaluate.add_argument("--allow-band-mismatch", action="store_true", help="hyperspectral: evaluate a band-index model on other band centres (a loud warning)")
@@ -141,25 +142,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from sciformer.engine import builders
-    from sciformer.engine.checkpoint import checkpoint_file
-    from sciformer.engine.ensemble import load_models
-    from sciformer.engine.evaluation import evaluate_and_export
-    from sciformer.engine.inference import check_split_not_empty, predictor_state
-    from sciformer.engine.weights import check_data_fits
+    from sciformer.engine.evaluation import evaluate_checkpoints
 
-    exp, state, model, device = load_models(args.checkpoint, overrides)
-    task = builders.build_task(exp)
-    check_split_not_empty(task, exp.cfg.evaluation.split)
-    task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=args.allow_band_mismatch)
-    files = [checkpoint_file(c, in_run="best.pt") for c in args.checkpoint]
-    check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
-    tag = hashlib.sha256("\n".join(str(f.resolve()) for f in files).encode()).hexdigest()[:8]  # one folder per set of members
-    folder = "evaluation" if len(files) == 1 else f"evaluation-ensemble-{len(files)}-{tag}"
-    out_dir = args.output_dir or files[0].resolve().parent.parent / folder
-    extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
-        {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
-    evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
+    out_dir = evaluate_checkpoints(args.checkpoint, overrides, args.output_dir,
+                                   allow_band_mismatch=args.allow_band_mismatch, overwrite=args.overwrite)
     print(f"wrote {out_dir / 'metrics.json'}")
     return 0
 

@@ -77,8 +77,22 @@ def test_evaluate_and_errors(toy_config: Path, tmp_path: Path, capsys: pytest.Ca
     assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(run / "checkpoints" / "best.pt"), "--split", "val"]) == 0
-    metrics = json.loads((run / "evaluation" / "metrics.json").read_text())
+    metrics = json.loads((run / "evaluation-val" / "metrics.json").read_text())
     assert metrics["split"] == "val" and 0 <= metrics["oa"] <= 1
+    # each checkpoint and split has its own folder: evaluating last.pt or the test split keeps the val result
+    assert main(["evaluate", "--checkpoint", str(run), "--split", "test"]) == 0
+    assert main(["evaluate", "--checkpoint", str(run / "checkpoints" / "last.pt")]) == 0
+    assert json.loads((run / "evaluation" / "metrics.json").read_text())["split"] == "test"
+    assert json.loads((run / "evaluation-last" / "metrics.json").read_text())["checkpoint"].endswith("last.pt")
+    assert (run / "evaluation-val" / "metrics.json").read_text() == json.dumps(metrics, indent=2) + "\n"
+    capsys.readouterr()
+    # an earlier evaluation is replaced only when asked
+    before = (run / "evaluation-val" / "metrics.json").read_bytes()
+    assert main(["evaluate", "--checkpoint", str(run), "--split", "val", "evaluation.batch_size=7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds metrics.json" in err[0] and "--overwrite" in err[0]
+    assert (run / "evaluation-val" / "metrics.json").read_bytes() == before
+    assert main(["evaluate", "--checkpoint", str(run), "--split", "val", "--overwrite"]) == 0
     assert main(["evaluate", "--checkpoint", str(tmp_path / "missing.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
 from sciformer.engine.report import write_evaluation
+from sciformer.errors import SciformerError
 from sciformer.utils.progress import progress
 
 
@@ -74,3 +76,59 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
             log(every_point_line(facts["full_resolution"], facts.get("test_views")))
     dist.barrier()
     return payload
+
+
+EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "predictions")
+
+
+def evaluation_folder(files: list[Path], split: str) -> Path:
+    """Default folder of ``sciformer evaluate``, beside the first checkpoint's ``checkpoints/``.
+
+    ``evaluation`` for a run's ``best.pt`` on the test split; another checkpoint adds its
+    stem (``evaluation-last``), another split its name (``evaluation-val``), an ensemble
+    ``ensemble-N-<8 hex digits naming the members>``: evaluations of different things never
+    share a folder.
+    """
+    if len(files) > 1:
+        tag = hashlib.sha256("\n".join(str(f.resolve()) for f in files).encode()).hexdigest()[:8]
+        parts = ["evaluation", f"ensemble-{len(files)}-{tag}"]
+    else:
+        parts = ["evaluation"] + ([files[0].stem] if files[0].stem != "best" else [])
+    parts += [split] if split != "test" else []
+    return files[0].resolve().parent.parent / "-".join(parts)
+
+
+def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse, unless ``overwrite``, a folder that already holds an evaluation's files."""
+    if overwrite or not out_dir.is_dir():
+        return
+    found = [name for name in EVALUATION_FILES if (out_dir / name).exists()]
+    if found:
+        raise SciformerError(f"--output-dir {out_dir} already holds {', '.join(found)} (an earlier evaluation); "
+                             "choose another --output-dir or pass --overwrite to replace them")
+
+
+def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_dir: Path | None, *,
+                         allow_band_mismatch: bool = False, overwrite: bool = False) -> Path:
+    """``sciformer evaluate``: one checkpoint or an ensemble on ``evaluation.split``; returns the folder written.
+
+    The folder (``output_dir`` or :func:`evaluation_folder`) is checked before any data is read.
+    """
+    from sciformer.engine import builders
+    from sciformer.engine.checkpoint import checkpoint_file
+    from sciformer.engine.ensemble import load_models
+    from sciformer.engine.inference import check_split_not_empty, predictor_state
+    from sciformer.engine.weights import check_data_fits
+
+    exp, state, model, device = load_models(checkpoints, overrides)
+    files = [checkpoint_file(c, in_run="best.pt") for c in checkpoints]
+    out_dir = output_dir if output_dir is not None else evaluation_folder(files, exp.cfg.evaluation.split)
+    check_evaluation_dir(out_dir, overwrite)
+    task = builders.build_task(exp)
+    check_split_not_empty(task, exp.cfg.evaluation.split)
+    task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=allow_band_mismatch)
+    check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
+    extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
+        {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
+    evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
+    return out_dir

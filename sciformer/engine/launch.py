@@ -43,7 +43,7 @@ def prepare_training(
     """
     from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
     from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
-    from sciformer.engine.runfolder import RunFolderError, check_resume_config
+    from sciformer.engine.runfolder import RunFolderError, check_new_run_dir, check_resume_config
     from sciformer.engine.weights import resolve_init_from
 
     overrides = [str(o) for o in overrides]
@@ -85,8 +85,7 @@ def prepare_training(
         load_checkpoint(init_file)
         exp.cfg.train.init_from = str(init_file.resolve())  # the run's config.yaml names the file, wherever it is read from
     run_dir = out if out is not None else default_run_dir(exp.cfg.name)
-    if (run_dir / "checkpoints" / "last.pt").exists():
-        raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")
+    check_new_run_dir(run_dir)  # before any data is read
     return exp, run_dir, None
 
 

@@ -1,5 +1,8 @@
 """Run-folder safety: one writer at a time, no stale temporaries, checked resume state.
 
+- :func:`check_new_run_dir` refuses, for a new run, a folder that holds a run (finished or
+  resumable) or anything sciformer did not write there: a run never writes over, or
+  removes, a user's files.
 - :func:`lock_run_dir` takes an exclusive ``flock`` on ``<run>/.lock`` for the life of
   the process (the kernel drops it when the process ends, even on SIGKILL); a second
   ``train`` on the same folder is refused with one line.
@@ -29,6 +32,45 @@ class RunFolderError(SciformerError):
     """The run folder cannot be used as asked."""
 
 
+# What a run writes at the top of its folder; a folder holding only these (and the lock) is
+# an unfinished run of sciformer's, which a new run may take over.
+RUN_ENTRIES = frozenset({
+    ".lock", "config.yaml", "env.json", "metrics.csv", "metrics.json", "train.log", "curves.png",
+    "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png", "splits.npz", "protocol.json",
+    "pretrain.json", "checkpoints", "tensorboard", "predictions",
+})
+_FINISHED = ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.json")
+
+
+def _temporary(name: str) -> bool:
+    """An atomic write's temporary (``.<name>.<random>.tmp...``)."""
+    return name.startswith(".") and ".tmp" in name
+
+
+def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True) -> None:
+    """Refuse ``run_dir`` for a new run unless it is absent, empty, or an unfinished run's folder.
+
+    A folder with a checkpoint or ``metrics.json`` holds a run (continue it with ``--resume``);
+    a folder without sciformer's lock file, or with entries a run does not write, holds
+    someone's files. Nothing is created, changed or removed here.
+    """
+    if not run_dir.is_dir():
+        return
+    if any((run_dir / name).exists() for name in _FINISHED):
+        hint = f"continue it with --resume {run_dir} or choose another folder" if resume_hint and \
+            (run_dir / "checkpoints" / "last.pt").exists() else "choose another folder"
+        raise RunFolderError(f"--output-dir {run_dir} already holds a run; {hint}")
+    try:
+        names = sorted(p.name for p in run_dir.iterdir())
+    except OSError as exc:
+        raise RunFolderError(f"--output-dir {run_dir}: cannot list the folder ({exc.strerror or exc})") from None
+    foreign = names if ".lock" not in names else [n for n in names if n not in RUN_ENTRIES and not _temporary(n)]
+    if foreign:
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RunFolderError(f"--output-dir {run_dir} is not empty ({shown}) and is not a sciformer run; "
+                             "a run never writes beside other files: choose a new or empty folder")
+
+
 class RunLock:
     """The lock on a run folder (held until :meth:`release` or the end of the process)."""
 
@@ -50,14 +92,20 @@ class RunLock:
 def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
     """Create ``run_dir`` and lock it for this process (before any work).
 
-    ``fresh``: a new run, refused if the folder already holds one. Temporaries of an
-    interrupted save are removed once the lock is held.
+    ``fresh``: a new run, refused (before anything is written) where :func:`check_new_run_dir`
+    refuses it, checked again once the lock is held. Temporaries of an interrupted save are
+    removed once the lock is held.
     """
+    if fresh:
+        check_new_run_dir(run_dir)
     created = not run_dir.exists()
     handle = _open_lock(run_dir)
-    if fresh and (run_dir / "checkpoints" / "last.pt").exists():
-        handle.close()
-        raise RunFolderError(f"--output-dir {run_dir} already holds a run; continue it with --resume {run_dir} or choose another folder")
+    if fresh:
+        try:
+            check_new_run_dir(run_dir)  # another process may have finished a run here meanwhile
+        except RunFolderError:
+            handle.close()
+            raise
     clean_temporaries(run_dir)
     return RunLock(run_dir, handle, created)
 
