@@ -137,3 +137,23 @@ def test_a_relative_init_from_in_a_yaml_is_recorded_absolute(source: Path, tmp_p
     best = source / "checkpoints" / "best.pt"
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["init_from"] == str(best.resolve())
     assert main(["train", "-c", str(run / "config.yaml"), "-o", str(tmp_path / "again")]) == 0
+
+
+def test_a_change_of_band_placement_is_said_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Weights whose band positions meant wavelengths, loaded into a run that places bands by index
+    (or the reverse), load by name and shape alike; the run says so and env.json records the source's placement."""
+    cfg = _scene(tmp_path / "a", bands=9, classes=3, seed=0)
+    centres = "data.wavelengths=[" + ",".join(str(400 + 50 * i) for i in range(9)) + "]"
+    src = tmp_path / "src"
+    assert main(["train", "-c", str(cfg), "-o", str(src), centres]) == 0  # position_source auto: by wavelength
+    for name, extra, said in [("same", [centres], None), ("index", [centres, "model.position_source=index"], "band index"),
+                              ("none", [], "band index")]:
+        capsys.readouterr()
+        assert main(["train", "-c", str(cfg), "-o", str(tmp_path / name), "--init-from", str(src), *extra]) == 0
+        notes = [ln for ln in capsys.readouterr().out.splitlines() if "placed bands by" in ln]
+        assert json.loads((tmp_path / name / "env.json").read_text())["init_from"]["band_placement"] == "wavelength"
+        if said is None:
+            assert notes == []
+        else:
+            assert notes == [f"note: the loaded weights placed bands by wavelength, this run places them by {said}: their band "
+                             "positions mean other bands here (the encoder still transfers; the positions are relearned)"]

@@ -1,4 +1,5 @@
-"""What a run started from ``sciformer pretrain`` weights says and records about them.
+"""What a fine-tuning run (``train.init_from``) says about the weights it started from:
+how ``sciformer pretrain`` trained them, and a change of band placement.
 
 Kept apart from :mod:`sciformer.engine.pretrain` so that the trainer depends on it alone.
 """
@@ -32,3 +33,20 @@ def pretrain_note(init_record: dict[str, Any] | None, task: Any) -> str | None:
         return (f"note: the encoder was pre-trained on the training pixels of another split (seed {pre.get('seed')}, "
                 f"'{pre.get('source')}'); on this scene some of them may be this run's validation or test pixels")
     return None
+
+
+def placement_note(init_record: dict[str, Any] | None, task: Any, position_source: Any) -> str | None:
+    """A note when the loaded weights placed bands otherwise than this run does (wavelength, band index, PCA)."""
+    from sciformer.data.hsi.bandmatch import band_placement
+
+    before = (init_record or {}).get("band_placement")
+    now = band_placement(task.state(), position_source)
+    if before is None or now is None or before == now:
+        return None
+    return (f"note: the loaded weights placed bands by {before}, this run places them by {now}: their band positions "
+            "mean other bands here (the encoder still transfers; the positions are relearned)")
+
+
+def init_notes(init_record: dict[str, Any] | None, task: Any, position_source: Any) -> list[str]:
+    """Every note a fine-tuning run prints about the weights it loaded."""
+    return [n for n in (pretrain_note(init_record, task), placement_note(init_record, task, position_source)) if n]

@@ -39,7 +39,7 @@ from sciformer.engine.inference import check_split_not_empty
 from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
-from sciformer.engine.pretrain_record import pretrain_note
+from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
 from sciformer.engine.runtime import (
     apply_threads,
@@ -107,7 +107,7 @@ class Trainer:
         self.init_from: dict[str, Any] | None = None  # what train.init_from loaded (fine-tuning), for env.json
         if resume_state is None and t.init_from is not None:
             line, self.init_from = init_from_checkpoint(self.model, resolve_init_from(t.init_from, exp.base_dir), exp.to_dict(), builders.data_info_to_dict(self.info))
-            for text in (line, pretrain_note(self.init_from, self.task)):
+            for text in (line, *init_notes(self.init_from, self.task, getattr(exp.model_params, "position_source", None))):
                 if text:
                     self.log(text)
         self.noise = StepNoise(t.seed, self.dist.rank)

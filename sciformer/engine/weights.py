@@ -239,6 +239,7 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
     A checkpoint of another model family, or one of which no tensor matches, is a one-line
     CheckpointError. Optimizer, schedule and epoch are not taken (that is ``--resume``).
     """
+    from sciformer.data.hsi.bandmatch import band_placement
     from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
 
     file = checkpoint_file(path, in_run="best.pt")
@@ -274,6 +275,9 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
         line += f"; ignored {len(unused)} checkpoint tensors the model lacks ({_list(unused)})"
     record = {"checkpoint": str(file.resolve()), "sha256": _sha256(file), "model": ctx.ckpt_model, "epoch": state.get("epoch"),
               "loaded": len(loaded), "tensors": len(own), "reinitialised": [n for names in redone.values() for n in names]}
+    placement = band_placement(state.get("data_state"), ((state.get("config") or {}).get("model") or {}).get("position_source"))
+    if placement is not None:  # hyperspectral: how the checkpoint's model placed bands
+        record["band_placement"] = placement
     if isinstance(state.get("pretrain"), dict):  # written by `sciformer pretrain`: how the encoder was pre-trained
         record["pretrain"] = {k: v for k, v in state["pretrain"].items() if k not in ("history", "env")}
     return line, record

@@ -61,6 +61,20 @@ class TrainedBands:
         pca = (state.get("normaliser") or {}).get("pca_components")
         return cls(bands, wl, wl is not None and source != "index", None if pca is None else int(pca))
 
+    @property
+    def placement(self) -> str:
+        """How the model places its inputs: ``wavelength``, ``band index`` or ``PCA component``."""
+        if self.pca_components is not None:
+            return "PCA component"
+        return "wavelength" if self.by_wavelength else "band index"
+
+
+def band_placement(state: dict[str, Any] | None, position_source: Any) -> str | None:
+    """:attr:`TrainedBands.placement` of a data state and a ``model.position_source`` (None: not hyperspectral)."""
+    if not state or "in_bands" not in state:
+        return None
+    return TrainedBands.from_state({**state, "position_source": position_source}).placement
+
 
 @dataclass
 class BandPlan:
