@@ -82,7 +82,8 @@ class Predictor:
         self.experiment, state, self.model, self.device = load_models(sources, list(overrides), device)
         self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
-        self.epoch = state.get("epoch")
+        self.members = len(sources)  # 1, or the checkpoints of an ensemble
+        self.epoch = state.get("epoch") if self.members == 1 else list(self.model.epochs)  # an ensemble: each member's
         name = self.experiment.cfg.data.name
         self.entry = DATASETS.get(name, key="data.name")
         if self.entry.predictor is None:
@@ -109,7 +110,8 @@ class Predictor:
         return [str(f) for f in self.data_state.get("features", [])]
 
     def __repr__(self) -> str:
-        return (f"Predictor(model={self.experiment.cfg.model.name!r}, data={self.entry.name!r}, kind={self.kind!r}, "
+        members = f", members={self.members}" if self.members > 1 else ""
+        return (f"Predictor(model={self.experiment.cfg.model.name!r}{members}, data={self.entry.name!r}, kind={self.kind!r}, "
                 f"classes={len(self.class_names)}, device={str(self.device)!r})")
 
     # ------------------------------------------------------------------ predict

@@ -105,7 +105,10 @@ def test_members_must_share_the_data(hsi: Path, tmp_path: Path, capsys: pytest.C
     members = [sciformer.load(p).predict(str(tmp_path / "scene.mat")).probabilities for p in pinned]
     expected = np.mean(members, axis=0).argmax(-1) + 1  # maps use 1..K
     np.testing.assert_array_equal(np.load(out), expected)
-    both = sciformer.load(pinned).predict(str(tmp_path / "scene.mat")).probabilities
+    ensemble = sciformer.load(pinned)
+    both = ensemble.predict(str(tmp_path / "scene.mat")).probabilities
+    assert ensemble.members == 2 and "members=2" in repr(ensemble)
+    assert ensemble.epoch == [sciformer.load(p).epoch for p in pinned]
     np.testing.assert_allclose(both, np.mean(members, axis=0), rtol=1e-5, atol=1e-6)
     with pytest.raises(CheckpointError, match="no checkpoint given"):
         sciformer.load([])
