@@ -74,11 +74,13 @@ def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True) -> None:
 class RunLock:
     """The lock on a run folder (held until :meth:`release` or the end of the process)."""
 
-    def __init__(self, run_dir: Path, handle: IO[str], created: bool) -> None:
+    def __init__(self, run_dir: Path, handle: IO[str], created: bool, parents: tuple[Path, ...] = ()) -> None:
         self.run_dir, self.handle, self.created = run_dir, handle, created
+        self.parents = parents  # folders above run_dir this process created, innermost first
 
     def release(self) -> None:
-        """Unlock; a folder this process created and left empty (but for the lock) is removed."""
+        """Unlock; a folder this process created and left empty (but for the lock) is removed,
+        with the folders above it that it created for it and that are still empty."""
         with contextlib.suppress(OSError):
             if self.created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
                     and not any((self.run_dir / "checkpoints").glob("*")):
@@ -86,6 +88,8 @@ class RunLock:
                 with contextlib.suppress(FileNotFoundError):
                     (self.run_dir / "checkpoints").rmdir()
                 self.run_dir.rmdir()
+                for parent in self.parents:
+                    parent.rmdir()  # OSError (not empty: someone wrote there meanwhile) stops here
         self.handle.close()
 
 
@@ -99,6 +103,7 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
     if fresh:
         check_new_run_dir(run_dir)
     created = not run_dir.exists()
+    parents = tuple(p for p in run_dir.absolute().parents if not p.exists())  # innermost first
     handle = _open_lock(run_dir)
     if fresh:
         try:
@@ -107,7 +112,7 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
             handle.close()
             raise
     clean_temporaries(run_dir)
-    return RunLock(run_dir, handle, created)
+    return RunLock(run_dir, handle, created, parents)
 
 
 def _open_lock(run_dir: Path) -> IO[str]:

@@ -83,3 +83,13 @@ def test_absent_and_empty_folders_are_accepted(tmp_path: Path) -> None:
     check_new_run_dir(tmp_path / "absent")
     (tmp_path / "empty").mkdir()
     check_new_run_dir(tmp_path / "empty")
+
+
+def test_a_failed_run_leaves_no_folder_it_created(toy_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Failing after the lock (fp16 on a CPU) removes the run folder and the parents it created, not older ones."""
+    (tmp_path / "old").mkdir()
+    for out in (tmp_path / "nest" / "a" / "b", tmp_path / "old" / "a" / "b"):
+        assert main(["train", "-c", str(toy_config), "-o", str(out), "train.amp=fp16"]) == 2
+        assert "fp16 needs a CUDA device" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "toy.yaml"]
+    assert list((tmp_path / "old").iterdir()) == []
