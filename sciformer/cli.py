@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an experiment from a YAML config")
     train.add_argument("--config", "-c", type=Path, help="experiment YAML")
     train.add_argument("--output-dir", "-o", type=Path, help="run folder (exactly this folder; default runs/<name>-<time>)")
-    train.add_argument("--resume", type=Path, metavar="RUN_OR_CKPT", help="continue a stopped run (its folder or a checkpoint)")
+    train.add_argument("--resume", type=Path, metavar="RUN_OR_CKPT", help="continue a stopped run (its folder or its checkpoints/last.pt)")
     train.add_argument("--init-from", type=Path, metavar="RUN_OR_CKPT",
                        help="fine-tune: start a new run from the weights of a checkpoint (a run folder: its best.pt) that match by name and shape")
     train.add_argument("--seed", type=int, help="shortcut for train.seed=N")

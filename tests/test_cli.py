@@ -93,6 +93,20 @@ def test_evaluate_and_errors(toy_config: Path, tmp_path: Path, capsys: pytest.Ca
     assert len(err) == 1 and "already holds metrics.json" in err[0] and "--overwrite" in err[0]
     assert (run / "evaluation-val" / "metrics.json").read_bytes() == before
     assert main(["evaluate", "--checkpoint", str(run), "--split", "val", "--overwrite"]) == 0
+    # the run folder itself holds the run's own test result: refused even with --overwrite; a file too
+    run_metrics = (run / "metrics.json").read_bytes()
+    for out, fragment in [(run, "is a run folder"), (run / "checkpoints", "is a run folder"), (run / "metrics.json", "is a file")]:
+        capsys.readouterr()
+        assert main(["evaluate", "--checkpoint", str(run / "checkpoints" / "last.pt"), "-o", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err
+    assert (run / "metrics.json").read_bytes() == run_metrics
+    # a checkpoint outside a run's checkpoints/ folder is evaluated beside it
+    loose = tmp_path / "downloads" / "best.pt"
+    loose.parent.mkdir()
+    loose.write_bytes((run / "checkpoints" / "best.pt").read_bytes())
+    assert main(["evaluate", "--checkpoint", str(loose)]) == 0
+    assert (loose.parent / "evaluation" / "metrics.json").is_file() and not (tmp_path / "evaluation").exists()
     assert main(["evaluate", "--checkpoint", str(tmp_path / "missing.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]

@@ -45,6 +45,14 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     atomic_write_with(path, lambda tmp: torch.save(data, tmp))
 
 
+TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "ema", "partial", "step_in_epoch")  # what only --resume reads (last.pt)
+
+
+def without_training_state(payload: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint for inference and fine-tuning (``best.pt``): the payload less :data:`TRAINING_ONLY`."""
+    return {k: v for k, v in payload.items() if k not in TRAINING_ONLY}
+
+
 def checkpoint_file(path: str | Path, in_run: str = "last.pt") -> Path:
     """``path`` itself, or ``path/checkpoints/<in_run>`` when ``path`` is a run folder.
 

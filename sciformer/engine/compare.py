@@ -17,7 +17,8 @@ from pydantic import BaseModel
 from sciformer.errors import ConfigError, SciformerError
 from sciformer.utils import yamlio
 
-METRIC_KEYS = ("oa", "aa", "macc", "kappa", "miou", "best_epoch", "best_val")
+METRIC_KEYS = ("oa", "aa", "macc", "kappa", "miou", "best_epoch", "best_val", "pretrain_loss")
+PRETRAIN_RECORD_ONLY = ("history", "env", "train_pixels_sha256")  # pretrain.json keys that are results, not settings
 EVERY_POINT_KEYS = ("oa", "miou")  # whole scenes: metrics.json's full_resolution (every point, with the test views)
 
 # ------------------------------------------------------------------------- compare
@@ -54,6 +55,12 @@ def compare_runs(runs: list[str | Path]) -> tuple[list[str], list[list[str]]]:
         configs.append(_flatten(yamlio.load_file(cfg_path) or {}))
         mpath = run / "metrics.json"
         metrics.append(json.loads(mpath.read_text(encoding="utf-8")) if mpath.is_file() else {})
+        pre = run / "pretrain.json"
+        if pre.is_file():  # a `sciformer pretrain` folder: its settings compare as pretrain.*, its last loss as a metric
+            record = json.loads(pre.read_text(encoding="utf-8"))
+            configs[-1].update({f"pretrain.{k}": v for k, v in record.items() if k not in PRETRAIN_RECORD_ONLY})
+            history = record.get("history") or [{}]
+            metrics[-1]["pretrain_loss"] = history[-1].get("train_loss")
         names.append(str(run))
     keys = sorted({k for c in configs for k in c})
     differ = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]

@@ -82,24 +82,33 @@ EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "pr
 
 
 def evaluation_folder(files: list[Path], split: str) -> Path:
-    """Default folder of ``sciformer evaluate``, beside the first checkpoint's ``checkpoints/``.
+    """Default folder of ``sciformer evaluate``: in the first checkpoint's run folder (beside its
+    ``checkpoints/``), or beside a checkpoint file that is not in a run's ``checkpoints/``.
 
-    ``evaluation`` for a run's ``best.pt`` on the test split; another checkpoint adds its
-    stem (``evaluation-last``), another split its name (``evaluation-val``), an ensemble
-    ``ensemble-N-<8 hex digits naming the members>``: evaluations of different things never
-    share a folder.
+    ``evaluation`` for ``best.pt`` on the test split; another checkpoint adds its stem
+    (``evaluation-last``), another split its name (``evaluation-val``), an ensemble
+    ``ensemble-N-<8 hex digits naming the set of members>``. Where two evaluations would still
+    meet (a checkpoint named ``val.pt``), :func:`check_evaluation_dir` refuses the second.
     """
     if len(files) > 1:
-        tag = hashlib.sha256("\n".join(str(f.resolve()) for f in files).encode()).hexdigest()[:8]
+        tag = hashlib.sha256("\n".join(sorted(str(f.resolve()) for f in files)).encode()).hexdigest()[:8]
         parts = ["evaluation", f"ensemble-{len(files)}-{tag}"]
     else:
         parts = ["evaluation"] + ([files[0].stem] if files[0].stem != "best" else [])
     parts += [split] if split != "test" else []
-    return files[0].resolve().parent.parent / "-".join(parts)
+    folder = files[0].resolve().parent
+    return (folder.parent if folder.name == "checkpoints" else folder) / "-".join(parts)
 
 
 def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
-    """Refuse, unless ``overwrite``, a folder that already holds an evaluation's files."""
+    """Refuse a run folder (its metrics.json is the run's own test result), a file, and, unless
+    ``overwrite``, a folder that already holds an evaluation's files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SciformerError(f"--output-dir {out_dir} is a file; expected a folder")
+    inside = out_dir.name in ("checkpoints", "tensorboard", "predictions") and (out_dir.parent / ".lock").exists()
+    if (out_dir / "checkpoints").is_dir() or (out_dir / ".lock").exists() or inside:
+        raise SciformerError(f"--output-dir {out_dir} is a run folder or one of its own folders (a run's metrics.json is its test result); "
+                             "choose another folder, e.g. its evaluation/")
     if overwrite or not out_dir.is_dir():
         return
     found = [name for name in EVALUATION_FILES if (out_dir / name).exists()]

@@ -43,7 +43,7 @@ def prepare_training(
     """
     from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
     from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
-    from sciformer.engine.runfolder import RunFolderError, check_new_run_dir, check_resume_config
+    from sciformer.engine.runfolder import RunFolderError, check_new_run_dir, check_resume_config, check_resume_location
     from sciformer.engine.weights import resolve_init_from
 
     overrides = [str(o) for o in overrides]
@@ -60,13 +60,14 @@ def prepare_training(
         ckpt_path = resume if resume.is_file() else resume / "checkpoints" / "last.pt"
         missing = [k for k in RESUME_KEYS if k not in state]
         if missing:
-            raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)}")
+            raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)} "
+                                  "(a best.pt holds weights only); start a new run from its weights with --init-from")
+        run_dir = check_resume_location(ckpt_path)
         exp = checkpoint_experiment(state, ckpt_path, overrides)
         check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
         stored_init = ((state["config"].get("train") or {}).get("init_from"))
         if exp.cfg.train.init_from != stored_init:
             raise ConfigError(f"--resume cannot change train.init_from (checkpoint '{ckpt_path}' has {stored_init!r}); the weights come from the run")
-        run_dir = ckpt_path.resolve().parent.parent
         if out is not None and out.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {out} differs from the resumed run folder {run_dir}; drop --output-dir")
         if config_source is not None:

@@ -7,7 +7,7 @@ size are the command's own. No label enters the objective. The run folder gets::
 
     config.yaml                 the resolved experiment
     pretrain.json               settings, scene, seed, pixels used, the loss of every epoch
-    metrics.csv                 epoch, train_loss (the masked-band loss), epoch_time_s
+    metrics.csv                 epoch, train_loss (the masked-band loss), lr, epoch_time_s
     splits.npz, protocol.json   the split (its training pixels fit the normalisation)
     checkpoints/best.pt         the encoder's weights (no head: ``sciformer train
                                 --init-from RUN`` starts a new one)
@@ -113,7 +113,7 @@ def pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: An
     """Pre-train ``exp``'s model into ``run_dir``; returns the checkpoint written."""
     settings.check()
     ckpt = run_dir / "checkpoints" / "best.pt"
-    check_new_run_dir(run_dir, resume_hint=False)  # a pre-training is not resumed
+    check_new_run_dir(run_dir, resume_hint=False, leftovers=frozenset({".lock"}))  # not resumed; all written at the end
     lock = lock_run_dir(run_dir, fresh=True)
     try:
         _pretrain(exp, run_dir, settings, log)
@@ -152,7 +152,8 @@ def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: A
     for epoch in range(settings.epochs):
         start = time.perf_counter()
         loss = _epoch(objective, task, dataset, optimizer, scheduler, settings, t, epoch, device)
-        history.append({"epoch": epoch + 1, "train_loss": loss, "epoch_time_s": round(time.perf_counter() - start, 2)})
+        history.append({"epoch": epoch + 1, "train_loss": loss, "lr": optimizer.param_groups[0]["lr"],
+                        "epoch_time_s": round(time.perf_counter() - start, 2)})
         log(f"pretrain epoch {epoch + 1}/{settings.epochs}  masked-band loss {loss:.4f}  {history[-1]['epoch_time_s']:.1f} s")
     record = {"objective": "masked_bands", **settings.__dict__, "source": str(exp.cfg.data.model_dump().get("source")),
               "seed": t.seed, "train_pixels_sha256": train_pixels_digest(task), "pixels_used": len(dataset), "history": history,
@@ -211,7 +212,7 @@ def _epoch(objective: MaskedBandModelling, task: Any, dataset: Any, optimizer: t
 
 def _csv(history: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["epoch", "train_loss", "epoch_time_s"], lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=["epoch", "train_loss", "lr", "epoch_time_s"], lineterminator="\n")
     writer.writeheader()
     writer.writerows(history)
     return out.getvalue()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -88,7 +89,8 @@ class RunLog:
 
     def attach(self, path: Path, *, append: bool = False) -> None:
         """Write the lines so far and every later one to ``path`` (appended when ``append``)."""
-        self._file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed on exit
+        # surrogateescape: a path of undecodable bytes in a message is written back as those bytes
+        self._file = open(path, "a" if append else "w", encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 - closed on exit
         if append:
             self._file.write("\n")
         for line in self._lines:
@@ -157,8 +159,9 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_curves(rows: list[dict[str, float]], path: Path, title: str = "") -> Path:
-    """``curves.png``: training / validation loss, learning rate and validation scores per epoch."""
+def plot_curves(rows: list[dict[str, float]], path: Path, title: str = "", no_scores: str = "no validation split") -> Path:
+    """``curves.png``: training / validation loss, learning rate and validation scores per epoch
+    (``no_scores``: what the scores panel says when there are none)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -185,7 +188,7 @@ def plot_curves(rows: list[dict[str, float]], path: Path, title: str = "") -> Pa
     if shown:
         ax_score.legend(loc="best")
     else:
-        ax_score.text(0.5, 0.5, "no validation split", ha="center", va="center", transform=ax_score.transAxes)
+        ax_score.text(0.5, 0.5, no_scores, ha="center", va="center", transform=ax_score.transAxes)
     if title:
         fig.suptitle(title)
     return _save(fig, path)
@@ -228,17 +231,20 @@ def write_report(run_dir: str | Path, *, quiet: bool = False) -> list[Path]:
     try:
         if not run_dir.is_dir():
             raise SciformerError(f"report: '{run_dir}' is not a run folder")
+        label = os.fsencode(run_dir.name).decode("utf-8", "replace")  # a title any font can draw (undecodable bytes too)
         metrics, confusion = run_dir / "metrics.csv", run_dir / "confusion_matrix.csv"
         if not metrics.is_file() and not confusion.is_file():
             raise SciformerError(f"report: '{run_dir}' holds neither metrics.csv nor confusion_matrix.csv; is it a run folder?")
         if metrics.is_file():
             rows = read_metrics_csv(metrics)
             if rows:
-                written.append(plot_curves(rows, run_dir / "curves.png", title=run_dir.name))
+                pretraining = (run_dir / "pretrain.json").is_file()  # `sciformer pretrain`: the loss is the masked-band loss
+                written.append(plot_curves(rows, run_dir / "curves.png", title=label + (" (masked-band pre-training)" if pretraining else ""),
+                                           no_scores="no labels: masked-band pre-training" if pretraining else "no validation split"))
         if confusion.is_file():
             names, matrix = read_confusion_csv(confusion)
             written.append(plot_confusion(names, matrix, run_dir / "confusion_matrix.png",
-                                          title=f"{run_dir.name}: confusion matrix (rows normalised)"))
+                                          title=f"{label}: confusion matrix (rows normalised)"))
     except (SciformerError, OSError, ValueError) as exc:
         if not quiet:
             if isinstance(exc, SciformerError):

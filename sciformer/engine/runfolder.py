@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,39 +34,84 @@ class RunFolderError(SciformerError):
     """The run folder cannot be used as asked."""
 
 
-# What a run writes at the top of its folder; a folder holding only these (and the lock) is
-# an unfinished run of sciformer's, which a new run may take over.
-RUN_ENTRIES = frozenset({
-    ".lock", "config.yaml", "env.json", "metrics.csv", "metrics.json", "train.log", "curves.png",
-    "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png", "splits.npz", "protocol.json",
-    "pretrain.json", "checkpoints", "tensorboard", "predictions",
-})
+# What a run that stopped before its first checkpoint leaves at the top of its folder (regular
+# files); with a ``checkpoints/`` of temporaries only and ``tensorboard/`` event files, such a
+# folder is an unfinished run of sciformer's, which a new run may take over.
+UNFINISHED_FILES = frozenset({".lock", "config.yaml", "env.json", "metrics.csv", "train.log", "curves.png",
+                              "splits.npz", "protocol.json", "pretrain.json"})
+RUN_FILES = UNFINISHED_FILES | {"metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png", "last.pt", "best.pt"}
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?")  # utils.atomic's mkstemp names
 _FINISHED = ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.json")
 
 
-def _temporary(name: str) -> bool:
-    """An atomic write's temporary (``.<name>.<random>.tmp...``)."""
-    return name.startswith(".") and ".tmp" in name
+def _regular(path: Path) -> bool:
+    """A regular file itself, with no other name (not a link, a hard link, a FIFO, socket or device)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
 
 
-def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True) -> None:
+def _folder(path: Path) -> bool:
+    """A folder itself (not a link to one)."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def is_temporary(path: Path) -> bool:
+    """A temporary an interrupted atomic write of a run file left (``.<name>.<8 random>.tmp<suffix>``, a regular file)."""
+    match = _TEMPORARY.fullmatch(path.name)
+    return match is not None and match["name"] in RUN_FILES and _regular(path)
+
+
+def _our_lock(path: Path) -> bool:
+    """``.lock`` as sciformer writes it: a small regular file holding a process id."""
+    if not _regular(path) or path.stat().st_size > 32:
+        return False
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return path.read_text(encoding="ascii").strip().isdigit()
+    return False
+
+
+def _foreign_entries(run_dir: Path, names: list[str], leftovers: frozenset[str]) -> list[str]:
+    """The entries of ``run_dir`` an unfinished run does not leave (all of them without sciformer's lock)."""
+    if ".lock" not in names or not _our_lock(run_dir / ".lock"):
+        return names
+    foreign = []
+    for name in names:
+        path = run_dir / name
+        if (name in leftovers and _regular(path)) or is_temporary(path):
+            continue
+        if name == "checkpoints" and _folder(path) and all(is_temporary(p) for p in path.iterdir()):
+            continue
+        if name == "tensorboard" and _folder(path) and all(p.name.startswith("events.out.tfevents.") and _regular(p) for p in path.iterdir()):
+            continue
+        foreign.append(name)
+    return foreign
+
+
+def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES) -> None:
     """Refuse ``run_dir`` for a new run unless it is absent, empty, or an unfinished run's folder.
 
     A folder with a checkpoint or ``metrics.json`` holds a run (continue it with ``--resume``);
-    a folder without sciformer's lock file, or with entries a run does not write, holds
-    someone's files. Nothing is created, changed or removed here.
+    a folder without sciformer's lock file, or with any entry an unfinished run does not leave
+    (another name, a link, a special file, a file in ``checkpoints/``), holds someone's files.
+    ``leftovers``: the top-level files an unfinished run of this kind leaves (``pretrain``
+    writes everything at its end: only ``.lock``). Nothing is created, changed or removed here.
     """
     if not run_dir.is_dir():
         return
-    if any((run_dir / name).exists() for name in _FINISHED):
+    if any((run_dir / name).exists() or (run_dir / name).is_symlink() for name in _FINISHED):
         hint = f"continue it with --resume {run_dir} or choose another folder" if resume_hint and \
             (run_dir / "checkpoints" / "last.pt").exists() else "choose another folder"
         raise RunFolderError(f"--output-dir {run_dir} already holds a run; {hint}")
     try:
-        names = sorted(p.name for p in run_dir.iterdir())
+        foreign = _foreign_entries(run_dir, sorted(p.name for p in run_dir.iterdir()), leftovers)
     except OSError as exc:
         raise RunFolderError(f"--output-dir {run_dir}: cannot list the folder ({exc.strerror or exc})") from None
-    foreign = names if ".lock" not in names else [n for n in names if n not in RUN_ENTRIES and not _temporary(n)]
     if foreign:
         shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise RunFolderError(f"--output-dir {run_dir} is not empty ({shown}) and is not a sciformer run; "
@@ -74,22 +121,24 @@ def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True) -> None:
 class RunLock:
     """The lock on a run folder (held until :meth:`release` or the end of the process)."""
 
-    def __init__(self, run_dir: Path, handle: IO[str], created: bool, parents: tuple[Path, ...] = ()) -> None:
+    def __init__(self, run_dir: Path, handle: IO[str], created: bool, parents: tuple[Path, ...] = (), lock_created: bool = False) -> None:
         self.run_dir, self.handle, self.created = run_dir, handle, created
         self.parents = parents  # folders above run_dir this process created, innermost first
+        self.lock_created = lock_created  # the .lock file is this process's (the folder may be older)
 
     def release(self) -> None:
-        """Unlock; a folder this process created and left empty (but for the lock) is removed,
-        with the folders above it that it created for it and that are still empty."""
+        """Unlock. Where nothing was written but the lock, what this process created goes again:
+        the lock file, the run folder and the folders above it that it created (while empty)."""
         with contextlib.suppress(OSError):
-            if self.created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
+            if self.lock_created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
                     and not any((self.run_dir / "checkpoints").glob("*")):
                 (self.run_dir / ".lock").unlink()
-                with contextlib.suppress(FileNotFoundError):
-                    (self.run_dir / "checkpoints").rmdir()
-                self.run_dir.rmdir()
-                for parent in self.parents:
-                    parent.rmdir()  # OSError (not empty: someone wrote there meanwhile) stops here
+                if self.created:
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.run_dir / "checkpoints").rmdir()
+                    self.run_dir.rmdir()
+                    for parent in self.parents:
+                        parent.rmdir()  # OSError (not empty: someone wrote there meanwhile) stops here
         self.handle.close()
 
 
@@ -103,7 +152,8 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
     if fresh:
         check_new_run_dir(run_dir)
     created = not run_dir.exists()
-    parents = tuple(p for p in run_dir.absolute().parents if not p.exists())  # innermost first
+    lock_created = not (run_dir / ".lock").exists()
+    parents = tuple(p for p in Path(os.path.abspath(run_dir)).parents if not p.exists())  # innermost first
     handle = _open_lock(run_dir)
     if fresh:
         try:
@@ -112,13 +162,18 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
             handle.close()
             raise
     clean_temporaries(run_dir)
-    return RunLock(run_dir, handle, created, parents)
+    return RunLock(run_dir, handle, created, parents, lock_created)
 
 
 def _open_lock(run_dir: Path) -> IO[str]:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held until exit
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(run_dir / ".lock", flags, 0o666)  # never through a link, never waiting on a FIFO
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunFolderError(f"--output-dir {run_dir}: its .lock is not a regular file; choose another folder")
+        handle = os.fdopen(fd, "a+", encoding="utf-8")  # held until exit
     except FileExistsError:
         raise RunFolderError(f"--output-dir {run_dir}: a file (or a file above it) is in the way; expected a folder") from None
     except NotADirectoryError:
@@ -150,7 +205,7 @@ def clean_temporaries(run_dir: Path) -> list[Path]:
         if not folder.is_dir():
             continue
         for path in folder.glob(".*.tmp*"):
-            if path.is_file():
+            if is_temporary(path):  # a run file's temporary, a regular file: never a user's
                 with contextlib.suppress(OSError):
                     path.unlink()
                     removed.append(path)
@@ -162,6 +217,39 @@ def _int(state: dict[str, Any], key: str, where: str, default: int | None = None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
         raise CheckpointError(f"checkpoint '{where}': '{key}' is {str(value)[:40]!r}; expected a non-negative integer")
     return value
+
+
+OWN_FOLDERS = ("checkpoints", "tensorboard", "predictions")  # folders a run writes into
+
+
+def check_resume_location(ckpt_path: Path) -> Path:
+    """The run folder ``--resume`` continues: the one holding ``ckpt_path`` as ``checkpoints/last.pt``.
+
+    Any other file would be continued in a folder that is not its run (a copy's grandparent)
+    or rewind its run over the later checkpoints (``best.pt``, an older copy). The folder must
+    be sciformer's (its ``.lock`` with a process id, a ``config.yaml``), and what the run opens
+    in place or writes into (``.lock``, ``train.log``, ``checkpoints/``, ``tensorboard/``,
+    ``predictions/``) must be its own: no link, hard link or special file. Refused in one line.
+    """
+    folder = Path(os.path.abspath(ckpt_path.parent))
+    if ckpt_path.name != "last.pt" or folder.name != "checkpoints":
+        raise RunFolderError(f"--resume continues a run from its checkpoints/last.pt, and '{ckpt_path}' is not one "
+                             "(resuming it would rewind or misplace the run); give the run folder, or start a new run "
+                             "from these weights with --init-from")
+    run_dir = folder.parent.resolve()
+    if not _our_lock(run_dir / ".lock") or not (run_dir / "config.yaml").is_file():
+        raise RunFolderError(f"--resume '{ckpt_path}': {run_dir} is not a sciformer run folder (no .lock with a process id, "
+                             "or no config.yaml); a run continues in its own folder: copy the whole run folder "
+                             "(with its .lock), or start a new run from these weights with --init-from")
+    odd = [n for n in OWN_FOLDERS if (run_dir / n).exists() or (run_dir / n).is_symlink()]
+    odd = [n + "/" for n in odd if not _folder(run_dir / n)]
+    log = run_dir / "train.log"
+    if (log.exists() or log.is_symlink()) and not _regular(log):
+        odd.append("train.log")
+    if odd:
+        raise RunFolderError(f"--resume {run_dir}: {', '.join(odd)} is a link, a hard link or a special file where the run "
+                             "keeps its own; it would write through it into other files: restore the run folder's own entries")
+    return run_dir
 
 
 def check_resume_state(state: dict[str, Any], where: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from torch import nn
 from sciformer.config import Experiment
 from sciformer.engine import builders
 from sciformer.engine.batching import EpochBatchSampler, make_loader
-from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint
+from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint, without_training_state
 from sciformer.engine.distributed import init_distributed
 from sciformer.engine.ema import WeightAverage
 from sciformer.engine.evaluation import evaluate_and_export, evaluation_views, reduce_evaluation
@@ -190,7 +190,8 @@ class Trainer:
     def _save(self, name: str, partial: tuple[float, int] = (0.0, 0)) -> None:
         """Write a checkpoint (rank 0); ``partial`` is the global loss sum/count of the epoch in progress."""
         if self.dist.is_main:
-            save_checkpoint(self.run_dir / "checkpoints" / name, self._payload(partial))
+            payload = self._payload(partial)  # best.pt: for evaluate / predict / --init-from (--resume takes last.pt)
+            save_checkpoint(self.run_dir / "checkpoints" / name, without_training_state(payload) if name == "best.pt" else payload)
         self.dist.barrier()
 
     # ------------------------------------------------------------------ files

@@ -58,6 +58,8 @@ def test_evaluate_scores_the_averaged_probabilities(toy_config: Path, tmp_path: 
     assert metrics["checkpoints"] == [str((r / "checkpoints" / "best.pt").resolve()) for r in runs] and len(metrics["checkpoint_epochs"]) == 3
     assert main(["evaluate", "--checkpoint", str(runs[0]), "--checkpoint", str(runs[1])]) == 0
     assert len(list(runs[0].glob("evaluation-ensemble-*"))) == 2
+    # the name is the set's: the same members in another order are the same evaluation (refused without --overwrite)
+    assert main(["evaluate", "--checkpoint", str(runs[0]), "--checkpoint", str(runs[2]), "--checkpoint", str(runs[1])]) == 2
 
     from sciformer import config
     from sciformer.engine import builders

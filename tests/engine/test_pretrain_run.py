@@ -19,6 +19,7 @@ from synthetic import write_hsi_experiment
 import sciformer
 from sciformer.cli import main
 from sciformer.engine.checkpoint import load_checkpoint
+from sciformer.engine.compare import compare_runs
 from sciformer.engine.launch import prepare_training
 from sciformer.engine.trainer import Trainer
 from sciformer.errors import ConfigError
@@ -123,3 +124,19 @@ def test_a_failed_write_keeps_nothing_and_bad_api_types_are_one_line(scene: Path
         with pytest.raises(ConfigError, match="pretrain"):
             sciformer.pretrain(scene, output_dir=tmp_path / "api", **bad)
     assert not (tmp_path / "api").exists()
+
+
+def test_compare_and_report_read_pretraining_folders(scene: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """compare shows the pre-training settings that differ (from pretrain.json) and the last masked-band loss."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _pretrain(scene, a) == 0 and _pretrain(scene, b, "--mask-ratio", "0.25") == 0
+    rows = [ln.split(",") for ln in (a / "metrics.csv").read_text().splitlines()]
+    assert rows[0] == ["epoch", "train_loss", "lr", "epoch_time_s"] and all(float(r[2]) > 0 for r in rows[1:])
+    header, table = compare_runs([a, b])
+    assert "pretrain.mask_ratio" in header and "pretrain_loss" in header and "pretrain.band_group" not in header
+    col, loss = header.index("pretrain.mask_ratio"), header.index("pretrain_loss")
+    assert [float(r[col]) for r in table] == [0.5, 0.25]
+    for run, row in zip((a, b), table):
+        assert float(row[loss]) == pytest.approx(json.loads((run / "pretrain.json").read_text())["history"][-1]["train_loss"], rel=1e-3)
+    capsys.readouterr()
+    assert main(["report", str(a)]) == 0 and (a / "curves.png").is_file()

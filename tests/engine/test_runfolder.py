@@ -54,18 +54,29 @@ def test_pretrain_refuses_a_folder_with_user_files(tmp_path: Path, capsys: pytes
     with pytest.raises(RunFolderError, match="is not a sciformer run"):
         check_new_run_dir(folder, resume_hint=False)
     assert _snapshot(folder) == before
+    # what an unfinished train run leaves is not a pre-training's: pretrain takes over a lock alone
+    (folder / "pretrain.json").unlink()
+    (folder / ".lock").write_text("77\n")
+    check_new_run_dir(folder, leftovers=frozenset({".lock"}))
+    (folder / "train.log").write_text("a train run's log\n")
+    check_new_run_dir(folder)
+    with pytest.raises(RunFolderError, match="'train.log'"):
+        check_new_run_dir(folder, leftovers=frozenset({".lock"}))
 
 
 def test_an_unfinished_run_folder_is_taken_over(toy_config: Path, tmp_path: Path) -> None:
     """What a run killed before its first checkpoint leaves (lock, records, a temporary) is replaced."""
     run = tmp_path / "run"
     run.mkdir()
-    for name in (".lock", "config.yaml", "env.json", "train.log", "metrics.csv", ".env.json.x1y2.tmp"):
+    (run / ".lock").write_text("12345\n")
+    for name in ("config.yaml", "env.json", "train.log", "metrics.csv", ".env.json.x1y2ab_9.tmp.json"):
         (run / name).write_text("stale\n")
     (run / "checkpoints").mkdir()
+    (run / "checkpoints" / ".last.pt.k2j4h5g6.tmp.pt").write_bytes(b"partial")
     assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
     assert (run / "checkpoints" / "best.pt").is_file() and (run / "metrics.json").is_file()
-    assert "stale" not in (run / "config.yaml").read_text() and not (run / ".env.json.x1y2.tmp").exists()
+    assert "stale" not in (run / "config.yaml").read_text() and not (run / ".env.json.x1y2ab_9.tmp.json").exists()
+    assert not (run / "checkpoints" / ".last.pt.k2j4h5g6.tmp.pt").exists()
 
 
 @pytest.mark.parametrize("finished", ["metrics.json", "checkpoints/best.pt", "checkpoints/last.pt"])
@@ -93,3 +104,116 @@ def test_a_failed_run_leaves_no_folder_it_created(toy_config: Path, tmp_path: Pa
         assert "fp16 needs a CUDA device" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "toy.yaml"]
     assert list((tmp_path / "old").iterdir()) == []
+
+
+def test_resume_takes_a_run_and_its_last_checkpoint_only(toy_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A copied last.pt would continue in its copy's grandparent (writing over a user's config.yaml there),
+    best.pt would rewind the run over its later checkpoints: both refused, nothing written."""
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=2"]) == 0
+    backup = tmp_path / "backup"
+    (backup / "checkpoints").mkdir(parents=True)
+    (backup / "config.yaml").write_text("user file\n")
+    for name in ("last.pt", "best.pt"):
+        (backup / "checkpoints" / name).write_bytes((run / "checkpoints" / name).read_bytes())
+    (backup / "old.pt").write_bytes((run / "checkpoints" / "last.pt").read_bytes())
+    before, run_before = _snapshot(backup), _snapshot(run)
+    for path, fragment in [(backup / "checkpoints" / "last.pt", "is not a sciformer run folder"),
+                           (backup / "old.pt", "is not one"), (run / "checkpoints" / "best.pt", "cannot be resumed")]:
+        capsys.readouterr()
+        assert main(["train", "--resume", str(path), "train.epochs=3"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0] and "--init-from" in err[0], err
+    assert _snapshot(backup) == before and _snapshot(run) == run_before
+    # the run itself, by folder or by its last.pt (also through a link to it), continues
+    link = tmp_path / "link.pt"
+    link.symlink_to(run / "checkpoints" / "last.pt")
+    assert main(["train", "--resume", str(link)]) == 2  # a link elsewhere is not the run's checkpoints/last.pt
+    assert main(["train", "--resume", str(run / "checkpoints" / "last.pt"), "train.epochs=3"]) == 0
+    assert main(["train", "--resume", str(run), "train.epochs=4"]) == 0
+
+
+def _link_to_user_file(run: Path, user: Path, name: str) -> None:
+    (run / name).symlink_to(user / "notes.txt")
+
+
+def _user_files_in_checkpoints(run: Path, user: Path) -> None:
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "mine.pt").write_text("user checkpoint\n")
+
+
+@pytest.mark.parametrize("plant", [
+    lambda run, user: _link_to_user_file(run, user, "train.log"),  # a link among the run's names: written through
+    lambda run, user: (run / ".lock").unlink() or _link_to_user_file(run, user, ".lock"),
+    lambda run, user: (run / "checkpoints").symlink_to(user, target_is_directory=True),
+    _user_files_in_checkpoints,
+    lambda run, user: (run / ".user_plan.tmpl").write_text("a user's dotfile, not a temporary\n"),
+    lambda run, user: (run / ".notes.abcd1234.tmp").write_text("a user's file in the temporary pattern\n"),
+    lambda run, user: os.mkfifo(run / "train.log"),  # opening it would wait forever
+    lambda run, user: (run / "checkpoints").write_text("a file where the run wants a folder\n"),
+    lambda run, user: (run / ".lock").write_text("my own lock file, not sciformer's\n"),
+    lambda run, user: (run / "tensorboard").mkdir() or (run / "tensorboard" / "notes.txt").write_text("mine\n"),
+    lambda run, user: os.link(user / "notes.txt", run / "train.log"),  # a second name of the user's file: opened in place
+    lambda run, user: (run / ".lock").unlink() or os.link(user / "pid.txt", run / ".lock"),
+    lambda run, user: (run / ".lock").write_text(""),  # an empty lock any tool may leave: not sciformer's
+], ids=["log-link", "lock-link", "checkpoints-link", "file-in-checkpoints", "dotfile", "tmp-lookalike", "fifo", "checkpoints-file",
+        "user-lock", "file-in-tensorboard", "log-hardlink", "lock-hardlink", "empty-lock"])
+def test_an_unfinished_run_folder_with_anything_else_is_refused_untouched(plant, toy_config: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    user, run = tmp_path / "user", tmp_path / "run"
+    user.mkdir()
+    (user / "notes.txt").write_text("the user's notes\n")
+    (user / ".draft.abcd1234.tmp").write_text("draft\n")
+    (user / "pid.txt").write_text("42\n")
+    run.mkdir()
+    (run / ".lock").write_text("4242\n")
+    (run / "config.yaml").write_text("stale\n")
+    plant(run, user)
+    before, user_before = _snapshot(run), _snapshot(user)
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a sciformer run" in err[0], err
+    assert _snapshot(run) == before and _snapshot(user) == user_before
+
+
+@pytest.mark.parametrize("plant", [
+    lambda run, user: (run / "train.log").unlink() or (run / "train.log").symlink_to(user / "notes.txt"),
+    lambda run, user: (run / "train.log").unlink() or os.link(user / "notes.txt", run / "train.log"),
+    lambda run, user: (run / ".lock").unlink() or os.link(user / "pid.txt", run / ".lock"),
+    lambda run, user: (run / ".lock").unlink(),  # a copy without the dotfile: not recognisable as a run
+    lambda run, user: (run / "tensorboard").symlink_to(user, target_is_directory=True),
+    lambda run, user: (run / "predictions").symlink_to(user, target_is_directory=True),
+    lambda run, user: os.rename(run / "checkpoints", user / "ckpts") or (run / "checkpoints").symlink_to(user / "ckpts"),
+], ids=["log-link", "log-hardlink", "lock-hardlink", "no-lock", "tensorboard-link", "predictions-link", "checkpoints-link"])
+def test_resume_refuses_a_run_folder_that_would_write_through_to_other_files(plant, toy_config: Path, tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    run, user = tmp_path / "run", tmp_path / "user"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
+    user.mkdir()
+    (user / "notes.txt").write_text("the user's notes\n")
+    (user / "pid.txt").write_text("42\n")
+    plant(run, user)
+    before, user_before = _snapshot(run), _snapshot(user)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "train.epochs=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("is not a sciformer run folder" in err[0] or "restore the run folder" in err[0]), err
+    assert _snapshot(run) == before and _snapshot(user) == user_before
+
+
+def test_a_failure_after_the_lock_leaves_an_existing_folder_as_it_was(toy_config: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "-c", str(toy_config), "-o", str(empty), "train.amp=fp16"]) == 2
+    assert list(empty.iterdir()) == []  # its lock file went with the failure
+    (tmp_path / "a1").mkdir()
+    assert main(["train", "-c", str(toy_config), "-o", str(tmp_path / "a1" / ".." / "a2" / "run"), "train.amp=fp16"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a1", "empty", "toy.yaml"]
+
+
+def test_a_run_folder_name_of_undecodable_bytes_trains_and_reports(toy_config: Path, tmp_path: Path) -> None:
+    """A file name is bytes on Linux: one that is not UTF-8 reaches train.log and the figures' titles intact."""
+    run = Path(os.fsdecode(os.fsencode(tmp_path) + b"/run\xff"))
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
+    assert (run / "curves.png").is_file() and (run / "confusion_matrix.png").is_file()
+    assert b"run\xff" in (run / "train.log").read_bytes()
