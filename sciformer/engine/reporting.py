@@ -235,6 +235,9 @@ def write_report(run_dir: str | Path, *, quiet: bool = False) -> list[Path]:
         metrics, confusion = run_dir / "metrics.csv", run_dir / "confusion_matrix.csv"
         if not metrics.is_file() and not confusion.is_file():
             raise SciformerError(f"report: '{run_dir}' holds neither metrics.csv nor confusion_matrix.csv; is it a run folder?")
+        if not (run_dir / "config.yaml").is_file():  # its curves.png would be someone else's figure
+            raise SciformerError(f"report: '{run_dir}' has no config.yaml, so it is not a sciformer run folder; "
+                                 "report redraws only a run's own curves.png and confusion_matrix.png")
         if metrics.is_file():
             rows = read_metrics_csv(metrics)
             if rows:

@@ -59,6 +59,12 @@ def test_run_folder_has_log_and_images(two_runs: list[Path], capsys) -> None:
 def test_report_refuses_a_folder_that_is_no_run(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "neither metrics.csv nor confusion_matrix.csv" in capsys.readouterr().err
+    # a user's folder with a metrics.csv of its own keeps its figure
+    (tmp_path / "metrics.csv").write_text("epoch,train_loss\n1,0.5\n")
+    (tmp_path / "curves.png").write_bytes(b"the user's figure")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a sciformer run folder" in capsys.readouterr().err
+    assert (tmp_path / "curves.png").read_bytes() == b"the user's figure"
 
 
 def test_run_log_tees_lines_and_warnings(tmp_path: Path, capsys) -> None:
