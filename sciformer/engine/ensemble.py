@@ -22,7 +22,7 @@ from torch import nn
 
 from sciformer.config import Experiment
 from sciformer.engine.checkpoint import checkpoint_file
-from sciformer.errors import CheckpointError
+from sciformer.errors import CheckpointError, DataError
 
 
 class Ensemble(nn.Module):
@@ -33,15 +33,23 @@ class Ensemble(nn.Module):
         batch (as each member takes it) -> (n, C) log mean probability (-inf where every member gives 0)
     """
 
-    def __init__(self, members: Sequence[nn.Module], epochs: Sequence[Any] = ()) -> None:
+    def __init__(self, members: Sequence[nn.Module], epochs: Sequence[Any] = (), names: Sequence[str] = ()) -> None:
         super().__init__()
         if len(members) < 2:
             raise CheckpointError(f"an ensemble needs at least 2 members, got {len(members)}")
         self.members = nn.ModuleList(members)
         self.epochs = list(epochs)  # each member's checkpoint epoch, for metrics.json
+        self.names = list(names) or [f"member {i + 1}" for i in range(len(members))]  # for errors: the checkpoints
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         probs = torch.stack([torch.softmax(m(batch).float(), dim=-1) for m in self.members])  # (M, n, C)
+        finite = torch.isfinite(probs).all(dim=-1)  # (M, n)
+        split = ~finite.all(dim=0) & finite.any(dim=0)  # (n,) samples some members score and others do not
+        if bool(split.any()):  # a diverged member, not the data (that stays the caller's error, which names the sample)
+            bad = [name for name, ok in zip(self.names, finite[:, split].all(dim=1).tolist()) if not ok]
+            raise DataError(f"ensemble: {', '.join(repr(b) for b in bad)} gives non-finite scores for {int(split.sum())} "
+                            "sample(s) of a batch that the other members score; has that run diverged (see its validation "
+                            "loss)? evaluate it alone, or leave it out of the ensemble")
         return probs.mean(dim=0).log()  # (n, C)
 
 
@@ -116,5 +124,5 @@ def load_models(paths: Sequence[str | Path], overrides: list[str], device_name: 
         return loaded[0]
     check_members(paths, [state for _, state, _, _ in loaded])
     exp, state, _, device = loaded[0]
-    members = Ensemble([model for _, _, model, _ in loaded], [st.get("epoch") for _, st, _, _ in loaded])
+    members = Ensemble([model for _, _, model, _ in loaded], [st.get("epoch") for _, st, _, _ in loaded], [str(p) for p in paths])
     return exp, state, members.to(device).eval(), device

@@ -18,7 +18,7 @@ import sciformer
 from sciformer.cli import main
 from sciformer.engine.ensemble import Ensemble
 from sciformer.engine.inference import load_for_inference
-from sciformer.errors import CheckpointError
+from sciformer.errors import CheckpointError, DataError
 
 
 class _Fixed(torch.nn.Module):
@@ -45,6 +45,16 @@ def test_the_ensemble_is_the_log_of_the_mean_probability() -> None:
     np.testing.assert_allclose(np.exp(out), np.mean(soft, axis=0), rtol=1e-5, atol=1e-7)
     with pytest.raises(CheckpointError, match="at least 2 members"):
         Ensemble([_Fixed(torch.zeros(1, 2))])
+
+
+def test_a_diverged_member_is_named_a_bad_sample_is_left_to_the_caller() -> None:
+    good = torch.zeros(3, 4)
+    nan_row = good.clone()
+    nan_row[1, 2] = float("nan")
+    with pytest.raises(DataError, match="'runs/b/best.pt' gives non-finite scores for 1 sample"):
+        Ensemble([_Fixed(good), _Fixed(nan_row), _Fixed(good)], names=["runs/a/best.pt", "runs/b/best.pt", "runs/c/best.pt"])({})
+    out = Ensemble([_Fixed(nan_row), _Fixed(nan_row)])({})  # every member: the sample (the caller names it), not a member
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
 
 
 def test_evaluate_scores_the_averaged_probabilities(toy_config: Path, tmp_path: Path) -> None:
