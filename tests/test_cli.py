@@ -95,12 +95,16 @@ def test_evaluate_and_errors(toy_config: Path, tmp_path: Path, capsys: pytest.Ca
     assert main(["evaluate", "--checkpoint", str(run), "--split", "val", "--overwrite"]) == 0
     # the run folder itself holds the run's own test result: refused even with --overwrite; a file too
     run_metrics = (run / "metrics.json").read_bytes()
-    for out, fragment in [(run, "is a run folder"), (run / "checkpoints", "is a run folder"), (run / "metrics.json", "is a file")]:
+    (tmp_path / "link").symlink_to(run / "checkpoints", target_is_directory=True)
+    for out, fragment in [(run, "is a run folder"), (run / "checkpoints", "is a run folder"), (run / "checkpoints" / "sub", "is a run folder"),
+                          (run / "tensorboard" / "x", "is a run folder"), (tmp_path / "link", "is a run folder"),
+                          (run / "metrics.json", "is a file")]:
         capsys.readouterr()
         assert main(["evaluate", "--checkpoint", str(run / "checkpoints" / "last.pt"), "-o", str(out), "--overwrite"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and fragment in err[0], err
-    assert (run / "metrics.json").read_bytes() == run_metrics
+    assert (run / "metrics.json").read_bytes() == run_metrics and not (run / "tensorboard").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
     # a checkpoint outside a run's checkpoints/ folder is evaluated beside it
     loose = tmp_path / "downloads" / "best.pt"
     loose.parent.mkdir()

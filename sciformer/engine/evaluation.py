@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,9 @@ def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
     ``overwrite``, a folder that already holds an evaluation's files."""
     if out_dir.exists() and not out_dir.is_dir():
         raise SciformerError(f"--output-dir {out_dir} is a file; expected a folder")
-    inside = out_dir.name in ("checkpoints", "tensorboard", "predictions") and (out_dir.parent / ".lock").exists()
-    if (out_dir / "checkpoints").is_dir() or (out_dir / ".lock").exists() or inside:
+    real = Path(os.path.realpath(out_dir))  # through links, as far as the path exists
+    inside = any(p.name in ("checkpoints", "tensorboard", "predictions") and (p.parent / ".lock").exists() for p in (real, *real.parents))
+    if (real / "checkpoints").is_dir() or (real / ".lock").exists() or inside:
         raise SciformerError(f"--output-dir {out_dir} is a run folder or one of its own folders (a run's metrics.json is its test result); "
                              "choose another folder, e.g. its evaluation/")
     if overwrite or not out_dir.is_dir():

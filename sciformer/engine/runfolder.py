@@ -38,8 +38,11 @@ class RunFolderError(SciformerError):
 # files); with a ``checkpoints/`` of temporaries only and ``tensorboard/`` event files, such a
 # folder is an unfinished run of sciformer's, which a new run may take over.
 UNFINISHED_FILES = frozenset({".lock", "config.yaml", "env.json", "metrics.csv", "train.log", "curves.png",
-                              "splits.npz", "protocol.json", "pretrain.json"})
-RUN_FILES = UNFINISHED_FILES | {"metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png", "last.pt", "best.pt"}
+                              "splits.npz", "protocol.json"})
+# ``pretrain`` writes everything at its end: a pre-training killed then leaves some of these.
+UNFINISHED_PRETRAIN_FILES = frozenset({".lock", "config.yaml", "splits.npz", "protocol.json", "pretrain.json", "metrics.csv"})
+RUN_FILES = UNFINISHED_FILES | UNFINISHED_PRETRAIN_FILES | {"metrics.json", "per_class.csv", "confusion_matrix.csv",
+                                                            "confusion_matrix.png", "last.pt", "best.pt"}
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?")  # utils.atomic's mkstemp names
 _FINISHED = ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.json")
 
@@ -99,14 +102,20 @@ def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True, leftovers: fro
     A folder with a checkpoint or ``metrics.json`` holds a run (continue it with ``--resume``);
     a folder without sciformer's lock file, or with any entry an unfinished run does not leave
     (another name, a link, a special file, a file in ``checkpoints/``), holds someone's files.
-    ``leftovers``: the top-level files an unfinished run of this kind leaves (``pretrain``
-    writes everything at its end: only ``.lock``). Nothing is created, changed or removed here.
+    ``leftovers``: the top-level files an unfinished run of this kind leaves
+    (:data:`UNFINISHED_FILES` for ``train``, :data:`UNFINISHED_PRETRAIN_FILES` for ``pretrain``),
+    so neither keeps the other's files. Nothing is created, changed or removed here.
     """
     if not run_dir.is_dir():
         return
     if any((run_dir / name).exists() or (run_dir / name).is_symlink() for name in _FINISHED):
-        hint = f"continue it with --resume {run_dir} or choose another folder" if resume_hint and \
-            (run_dir / "checkpoints" / "last.pt").exists() else "choose another folder"
+        if resume_hint and (run_dir / "checkpoints" / "last.pt").exists():
+            hint = f"continue it with --resume {run_dir} or choose another folder"
+        elif not (run_dir / "metrics.json").exists() and not (run_dir / "pretrain.json").exists():
+            hint = ("it stopped before its first checkpoints/last.pt, so it cannot be resumed; "
+                    "delete the folder to start again there, or choose another folder")
+        else:
+            hint = "choose another folder"
         raise RunFolderError(f"--output-dir {run_dir} already holds a run; {hint}")
     try:
         foreign = _foreign_entries(run_dir, sorted(p.name for p in run_dir.iterdir()), leftovers)
@@ -142,7 +151,7 @@ class RunLock:
         self.handle.close()
 
 
-def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
+def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES) -> RunLock:
     """Create ``run_dir`` and lock it for this process (before any work).
 
     ``fresh``: a new run, refused (before anything is written) where :func:`check_new_run_dir`
@@ -150,14 +159,14 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True) -> RunLock:
     removed once the lock is held.
     """
     if fresh:
-        check_new_run_dir(run_dir)
+        check_new_run_dir(run_dir, leftovers=leftovers)
     created = not run_dir.exists()
     lock_created = not (run_dir / ".lock").exists()
     parents = tuple(p for p in Path(os.path.abspath(run_dir)).parents if not p.exists())  # innermost first
     handle = _open_lock(run_dir)
     if fresh:
         try:
-            check_new_run_dir(run_dir)  # another process may have finished a run here meanwhile
+            check_new_run_dir(run_dir, leftovers=leftovers)  # another process may have finished a run here meanwhile
         except RunFolderError:
             handle.close()
             raise

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sciformer.cli import main
-from sciformer.engine.runfolder import RunFolderError, check_new_run_dir
+from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunFolderError, check_new_run_dir
 
 # Names a user's folder may hold, run-file names among them (a run must not take those either).
 USER_NAMES = ["config.yaml", "metrics.csv", "env.json", "train.log", "notes.txt", ".notes.tmp1", ".hidden",
@@ -54,14 +54,29 @@ def test_pretrain_refuses_a_folder_with_user_files(tmp_path: Path, capsys: pytes
     with pytest.raises(RunFolderError, match="is not a sciformer run"):
         check_new_run_dir(folder, resume_hint=False)
     assert _snapshot(folder) == before
-    # what an unfinished train run leaves is not a pre-training's: pretrain takes over a lock alone
-    (folder / "pretrain.json").unlink()
+    # a pre-training killed in its final writes is taken over by pretrain, not by train (and the reverse)
     (folder / ".lock").write_text("77\n")
-    check_new_run_dir(folder, leftovers=frozenset({".lock"}))
+    for name in ("config.yaml", "splits.npz", "protocol.json", "metrics.csv"):
+        (folder / name).write_text("partial\n")
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / ".best.pt.r9qai2qp.tmp.pt").write_bytes(b"partial")
+    check_new_run_dir(folder, leftovers=UNFINISHED_PRETRAIN_FILES)
+    with pytest.raises(RunFolderError, match="'pretrain.json'"):
+        check_new_run_dir(folder)
+    (folder / "pretrain.json").unlink()
     (folder / "train.log").write_text("a train run's log\n")
     check_new_run_dir(folder)
     with pytest.raises(RunFolderError, match="'train.log'"):
-        check_new_run_dir(folder, leftovers=frozenset({".lock"}))
+        check_new_run_dir(folder, leftovers=UNFINISHED_PRETRAIN_FILES)
+
+
+def test_a_run_killed_between_its_first_best_and_last_checkpoint_says_what_to_do(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".lock").write_text("5\n")
+    (run / "checkpoints" / "best.pt").write_bytes(b"weights")
+    with pytest.raises(RunFolderError, match="stopped before its first checkpoints/last.pt, so it cannot be resumed; delete the folder"):
+        check_new_run_dir(run)
 
 
 def test_an_unfinished_run_folder_is_taken_over(toy_config: Path, tmp_path: Path) -> None:
