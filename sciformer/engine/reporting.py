@@ -125,7 +125,11 @@ class RunLog:
             sys.stdout, sys.stderr = self._saved
             warnings.showwarning = self._showwarning
         if exc is not None and self._file is not None:
-            self._file.write(f"{'interrupted' if isinstance(exc, KeyboardInterrupt) else 'error'}: {exc}\n")
+            text = str(exc)
+            if isinstance(exc, KeyboardInterrupt):  # a signal carries no message
+                self._file.write(f"interrupted: {text or 'Ctrl-C or SIGTERM'}\n")
+            else:
+                self._file.write(f"error: {text or type(exc).__name__}\n")
         if self._file is not None:
             self._file.close()
             self._file = None

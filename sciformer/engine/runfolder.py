@@ -171,6 +171,10 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str]
             handle.close()
             raise
     clean_temporaries(run_dir)
+    if fresh:  # a taken-over run's TensorBoard events (checked to be nothing else) would mix with this run's
+        for path in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
     return RunLock(run_dir, handle, created, parents, lock_created)
 
 

@@ -82,6 +82,15 @@ def test_run_log_tees_lines_and_warnings(tmp_path: Path, capsys) -> None:
     assert "before the folder" in out.out  # the console still shows it
 
 
+@pytest.mark.parametrize(("exc", "last"), [(KeyboardInterrupt(), "interrupted: Ctrl-C or SIGTERM"), (ValueError("bad value"), "error: bad value"),
+                                           (RuntimeError(), "error: RuntimeError")])
+def test_run_log_ends_with_why_the_run_stopped(exc: BaseException, last: str, tmp_path: Path) -> None:
+    with pytest.raises(type(exc)), RunLog() as log:
+        log.attach(tmp_path / "train.log")
+        raise exc
+    assert (tmp_path / "train.log").read_text().splitlines()[-1] == last
+
+
 def test_compare_two_runs(two_runs: list[Path], capsys) -> None:
     assert main(["compare", *map(str, two_runs)]) == 0
     table = capsys.readouterr().out.splitlines()

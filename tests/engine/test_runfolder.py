@@ -88,10 +88,13 @@ def test_an_unfinished_run_folder_is_taken_over(toy_config: Path, tmp_path: Path
         (run / name).write_text("stale\n")
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / ".last.pt.k2j4h5g6.tmp.pt").write_bytes(b"partial")
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"the killed run's points")
     assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
     assert (run / "checkpoints" / "best.pt").is_file() and (run / "metrics.json").is_file()
     assert "stale" not in (run / "config.yaml").read_text() and not (run / ".env.json.x1y2ab_9.tmp.json").exists()
     assert not (run / "checkpoints" / ".last.pt.k2j4h5g6.tmp.pt").exists()
+    assert list((run / "tensorboard").iterdir()) == []  # the killed run's events do not mix with this run's
 
 
 @pytest.mark.parametrize("finished", ["metrics.json", "checkpoints/best.pt", "checkpoints/last.pt"])
