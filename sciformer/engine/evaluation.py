@@ -18,7 +18,8 @@ from sciformer.engine.distributed import DistContext
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
-from sciformer.engine.report import write_evaluation
+from sciformer.engine.report import EVALUATION_FILES, write_evaluation
+from sciformer.engine.runfolder import OWN_FOLDERS
 from sciformer.errors import SciformerError
 from sciformer.utils.progress import progress
 
@@ -79,9 +80,6 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
     return payload
 
 
-EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "predictions")
-
-
 def evaluation_folder(files: list[Path], split: str) -> Path:
     """Default folder of ``sciformer evaluate``: in the first checkpoint's run folder (beside its
     ``checkpoints/``), or beside a checkpoint file that is not in a run's ``checkpoints/``.
@@ -107,7 +105,7 @@ def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise SciformerError(f"--output-dir {out_dir} is a file; expected a folder")
     real = Path(os.path.realpath(out_dir))  # through links, as far as the path exists
-    inside = any(p.name in ("checkpoints", "tensorboard", "predictions") and (p.parent / ".lock").exists() for p in (real, *real.parents))
+    inside = any(p.name in OWN_FOLDERS and (p.parent / ".lock").exists() for p in (real, *real.parents))
     if (real / "checkpoints").is_dir() or (real / ".lock").exists() or inside:
         raise SciformerError(f"--output-dir {out_dir} is a run folder or one of its own folders (a run's metrics.json is its test result); "
                              "choose another folder, e.g. its evaluation/")

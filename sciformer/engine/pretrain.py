@@ -44,7 +44,7 @@ from sciformer.engine.launch import default_run_dir
 from sciformer.engine.loops import TrainingDiverged, to_device
 from sciformer.engine.noise import PerSampleRNG
 from sciformer.engine.pretrain_record import train_pixels_digest
-from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, check_new_run_dir, lock_run_dir
+from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.errors import ConfigError, SciformerError
 from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
@@ -113,8 +113,8 @@ def pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: An
     """Pre-train ``exp``'s model into ``run_dir``; returns the checkpoint written."""
     settings.check()
     ckpt = run_dir / "checkpoints" / "best.pt"
-    check_new_run_dir(run_dir, resume_hint=False, leftovers=UNFINISHED_PRETRAIN_FILES)  # not resumed; all written at the end
-    lock = lock_run_dir(run_dir, fresh=True, leftovers=UNFINISHED_PRETRAIN_FILES)
+    # refused before anything is written; a pre-training is not resumed and writes everything at its end
+    lock = lock_run_dir(run_dir, fresh=True, leftovers=UNFINISHED_PRETRAIN_FILES, resume_hint=False)
     try:
         _pretrain(exp, run_dir, settings, log)
         return ckpt

@@ -13,6 +13,8 @@ import numpy as np
 from sciformer.engine.metrics import MIOU_RULE, Scores, finite_or_none, scores_to_dict
 from sciformer.utils.atomic import atomic_write_text
 
+EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "predictions")  # what an evaluation writes (+ exports)
+
 
 def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
     """Write ``metrics.json``, ``per_class.csv`` and ``confusion_matrix.csv`` into ``out_dir``."""

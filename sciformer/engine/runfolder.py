@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import stat
 from pathlib import Path
 from typing import IO, Any
 
 from sciformer.errors import CheckpointError, SciformerError
+from sciformer.utils.atomic import temporary_of
 
 try:
     import fcntl
@@ -43,7 +43,7 @@ UNFINISHED_FILES = frozenset({".lock", "config.yaml", "env.json", "metrics.csv",
 UNFINISHED_PRETRAIN_FILES = frozenset({".lock", "config.yaml", "splits.npz", "protocol.json", "pretrain.json", "metrics.csv"})
 RUN_FILES = UNFINISHED_FILES | UNFINISHED_PRETRAIN_FILES | {"metrics.json", "per_class.csv", "confusion_matrix.csv",
                                                             "confusion_matrix.png", "last.pt", "best.pt"}
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?")  # utils.atomic's mkstemp names
+OWN_FOLDERS = ("checkpoints", "tensorboard", "predictions")  # folders a run writes into
 _FINISHED = ("checkpoints/last.pt", "checkpoints/best.pt", "metrics.json")
 
 
@@ -66,8 +66,7 @@ def _folder(path: Path) -> bool:
 
 def is_temporary(path: Path) -> bool:
     """A temporary an interrupted atomic write of a run file left (``.<name>.<8 random>.tmp<suffix>``, a regular file)."""
-    match = _TEMPORARY.fullmatch(path.name)
-    return match is not None and match["name"] in RUN_FILES and _regular(path)
+    return temporary_of(path.name) in RUN_FILES and _regular(path)
 
 
 def _our_lock(path: Path) -> bool:
@@ -151,22 +150,23 @@ class RunLock:
         self.handle.close()
 
 
-def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES) -> RunLock:
+def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES,
+                 resume_hint: bool = True) -> RunLock:
     """Create ``run_dir`` and lock it for this process (before any work).
 
     ``fresh``: a new run, refused (before anything is written) where :func:`check_new_run_dir`
-    refuses it, checked again once the lock is held. Temporaries of an interrupted save are
+    refuses it (with ``leftovers`` and ``resume_hint``), checked again once the lock is held. Temporaries of an interrupted save are
     removed once the lock is held.
     """
     if fresh:
-        check_new_run_dir(run_dir, leftovers=leftovers)
+        check_new_run_dir(run_dir, leftovers=leftovers, resume_hint=resume_hint)
     created = not run_dir.exists()
     lock_created = not (run_dir / ".lock").exists()
     parents = tuple(p for p in Path(os.path.abspath(run_dir)).parents if not p.exists())  # innermost first
     handle = _open_lock(run_dir)
     if fresh:
         try:
-            check_new_run_dir(run_dir, leftovers=leftovers)  # another process may have finished a run here meanwhile
+            check_new_run_dir(run_dir, leftovers=leftovers, resume_hint=resume_hint)  # another process may have finished a run here meanwhile
         except RunFolderError:
             handle.close()
             raise
@@ -230,9 +230,6 @@ def _int(state: dict[str, Any], key: str, where: str, default: int | None = None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
         raise CheckpointError(f"checkpoint '{where}': '{key}' is {str(value)[:40]!r}; expected a non-negative integer")
     return value
-
-
-OWN_FOLDERS = ("checkpoints", "tensorboard", "predictions")  # folders a run writes into
 
 
 def check_resume_location(ckpt_path: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -35,6 +36,16 @@ def open_mode(path: str | os.PathLike[str]) -> int:
     with contextlib.suppress(FileNotFoundError):
         return stat.S_IMODE(os.stat(path).st_mode)
     return 0o666 & ~current_umask()
+
+
+# The temporary names :func:`_replacing` gives (mkstemp: 8 random characters from [a-z0-9_]).
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?")
+
+
+def temporary_of(name: str) -> str | None:
+    """The file a temporary named ``name`` was replacing (``.<name>.<random>.tmp<suffix>``), or None."""
+    match = _TEMPORARY.fullmatch(name)
+    return None if match is None else match["name"]
 
 
 @contextlib.contextmanager

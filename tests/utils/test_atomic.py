@@ -16,6 +16,7 @@ from sciformer.utils.atomic import (
     atomic_write_text,
     atomic_write_with,
     current_umask,
+    temporary_of,
 )
 
 
@@ -100,3 +101,22 @@ def test_failed_atomic_folder_leaves_nothing(tmp_path: Path) -> None:
         (tmp / "part.npy").write_bytes(b"x")
         raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_temporary_of_recognises_the_names_the_writer_gives_and_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oracle: the temporaries atomic_write_text really creates (caught when the write fails), not a pattern copy."""
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def failing_replace(src, dst):  # the write fails after the temporary exists: record its name
+        seen.append(Path(src).name)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    for name in ("config.yaml", "last.pt", "map.HDR", "notes"):
+        with pytest.raises(OSError):
+            atomic_write_text(tmp_path / name, "x")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [temporary_of(n) for n in seen] == ["config.yaml", "last.pt", "map.HDR", "notes"]
+    for lookalike in (".plan.tmpl", ".notes.tmp", ".notes.abc.tmp", "config.yaml.abcd1234.tmp", ".x.ABCD1234.tmp.yaml", ".x.abcd12345.tmp"):
+        assert temporary_of(lookalike) is None, lookalike
