@@ -251,6 +251,8 @@ class Trainer:
             self.log(f"  {key}: {value}")
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"model {self.cfg.model.name}: {n_params:,} parameters on {self.device}")
+        if not self.has_val:
+            self.log("no validation split: best.pt is the last epoch (train.monitor and early stopping do not apply)")
         writer = self._open_tensorboard()
         try:
             self._train_epochs(writer)
@@ -382,7 +384,7 @@ class Trainer:
         state = load_checkpoint(best_path)
         self.model.load_state_dict(state["model"])
         result = evaluate_and_export(self.exp, self.task, self.model, self.device, self.run_dir,
-                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"], "best_val": state["best"]["value"],
+                                     extra={"best_epoch": state["best"]["epoch"], "monitor": self.best["metric"] if self.has_val else None, "best_val": state["best"]["value"],
                                             **({"pretrained": pre} if (pre := (state.get("init_from") or {}).get("pretrain")) else {})},
                                      log=self.log, dist=self.dist)
         return RunResult(self.run_dir, result, int(state["best"]["epoch"]))

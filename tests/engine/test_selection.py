@@ -7,6 +7,7 @@ each test states which epoch must become best.pt.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,21 @@ def test_a_diverged_scene_model_ends_with_one_line_not_class_zero_metrics(tmp_pa
     assert not (run / "metrics.json").exists() and not (run / "checkpoints" / "best.pt").exists()
     history = (run / "metrics.csv").read_text().splitlines()
     assert history[1].split(",")[4] == "nan"  # val_loss: the sign of the divergence
+
+
+def test_without_a_validation_split_best_is_the_last_epoch(toy_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          toy_model_class: type) -> None:
+    """A refit (no validation files): every epoch trains, none validates, best.pt is the last epoch's model."""
+    toy_blobs = sys.modules[toy_model_class.__module__].ToyBlobs  # the class the registry builds (conftest as pytest imported it)
+    real = toy_blobs.dataset
+    monkeypatch.setattr(toy_blobs, "dataset", lambda self, split: real(self, split) if split != "val" else torch.utils.data.TensorDataset(
+        torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)))
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self, split: pytest.fail("no validation split, yet validated"))
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=4", "train.early_stop_patience=1"]) == 0
+    best, last = load_checkpoint(run / "checkpoints" / "best.pt"), load_checkpoint(run / "checkpoints" / "last.pt")
+    assert best["epoch"] == last["epoch"] == 4 and best["best"]["epoch"] == 4
+    assert all(torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["best_epoch"] == 4 and metrics["monitor"] is None and metrics["best_val"] is None
+    assert "no validation split: best.pt is the last epoch" in (run / "train.log").read_text()

@@ -63,7 +63,7 @@ from sciformer.data.pointcloud.export import (
 )
 from sciformer.data.pointcloud.geometric import cached_geometric_features, features_as_recorded, geometric_state
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
-from sciformer.data.pointcloud.point_scenes import check_classes
+from sciformer.data.pointcloud.point_scenes import check_classes, check_disjoint_splits
 from sciformer.data.pointcloud.predict_file import (
     predict_cloud,
     read_cloud,
@@ -104,7 +104,7 @@ class LasTilesConfig(BaseModel):
 
     root: str | None = None  # default: $SCIFORMER_DATA/lidar
     train_files: list[str] = Field(min_length=1)
-    val_files: list[str] = Field(min_length=1)
+    val_files: list[str] = []  # [] : no validation (a refit on every labelled tile: best.pt is the last epoch)
     test_files: list[str] = Field(min_length=1)
     classes: dict[str, list[int]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CLASSES.items()})
     unmapped: str = "other"  # 'ignore' (-1) or one of the class names
@@ -126,13 +126,6 @@ class LasTilesConfig(BaseModel):
                 if not 0 <= code <= 255:
                     raise ValueError(f"classes.{name}: code {code} outside the ASPRS range 0..255")
         check_classes(self.classes, self.unmapped, "code")
-        splits = {"train_files": self.train_files, "val_files": self.val_files, "test_files": self.test_files}
-        owner: dict[str, str] = {}
-        for split, files in splits.items():
-            for f in files:
-                if f in owner:
-                    raise ValueError(f"{split}: '{f}' is also in {owner[f]}; splits must not share tiles")
-                owner[f] = split
         return self
 
 
@@ -319,6 +312,7 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
             if p.suffix.lower() not in (".las", ".laz"):
                 raise DataError(f"data.{split}_files: '{f}' is not a .las/.laz file")
             paths[split].append(p)
+    check_disjoint_splits(paths, "tiles")  # by file identity: './a.laz', an absolute path or a link is the same tile
     every = [p for ps in paths.values() for p in ps]
     with_rgb = {p: las_has_rgb(p) for p in every}
     if cfg.features is None:

@@ -9,7 +9,7 @@ See ``datasets/point_scenes/README.md``::
       name: point_scenes
       root: $SCIFORMER_DATA/semantickitti_scans
       train_files: ["seq01_00000[01]_points.npy"]    # paths or globs, relative to root or absolute
-      val_files: [seq01_000002_points.npy]
+      val_files: [seq01_000002_points.npy]            # [] : no validation (best.pt: the last epoch)
       test_files: [demo_000700_points.npy]            # [] : no test split
       label_files: [_points.npy, _labels.npy]         # labels from a sibling file (name substitution)
       classes: {car: [1], bicycle: [2], ...}          # class -> the label values it takes
@@ -84,7 +84,7 @@ class PointScenesConfig(BaseModel):
 
     root: str | None = None  # folder relative file names and globs start from (default: the config's folder)
     train_files: list[str] = Field(min_length=1)
-    val_files: list[str] = Field(min_length=1)
+    val_files: list[str] = []  # [] : no validation (a refit on every labelled file: best.pt is the last epoch)
     test_files: list[str] = []
     classes: list[str] | dict[str, list[int]]
     unmapped: str = "ignore"  # label values no class takes: 'ignore' (-1) or a class name
@@ -171,6 +171,23 @@ def expand_files(key: str, patterns: list[str], root: Path) -> list[Path]:
                 raise DataError(f"data.{key}: '{p.name}' is not a point file ({', '.join(POINT_SUFFIXES)})")
         out.extend(found)
     return out
+
+
+def check_disjoint_splits(paths: dict[str, list[Path]], noun: str = "files") -> None:
+    """Refuse a file in two splits or twice in one (DataError), however it is named: another
+    spelling, an absolute path, a symbolic or a hard link to it are the same file (device and inode)."""
+    owner: dict[tuple[int, int], tuple[str, str]] = {}
+    for split, ps in paths.items():
+        for p in ps:
+            st = p.stat()
+            key = (st.st_dev, st.st_ino)
+            if key in owner:
+                other_split, other_name = owner[key]
+                same = "" if other_name == p.name else f" (as {other_name})"
+                if other_split == split:
+                    raise DataError(f"data.{split}_files: {p.name} is listed twice{same}; each file once")
+                raise DataError(f"data.{split}_files: {p.name} is also in data.{other_split}_files{same}; splits must not share {noun}")
+            owner[key] = (split, p.name)
 
 
 def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:
@@ -332,12 +349,7 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
     """Your own labelled point clouds (any readable format, a class table in the YAML)."""
     root = ctx.resolve(cfg.root) if cfg.root else ctx.base_dir
     paths = {split: expand_files(f"{split}_files", getattr(cfg, f"{split}_files"), root) for split in ("train", "val", "test")}
-    owner: dict[Path, str] = {}
-    for split, ps in paths.items():
-        for p in ps:
-            if p.resolve() in owner:
-                raise DataError(f"data.{split}_files: {p.name} is also in data.{owner[p.resolve()]}_files; splits must not share files")
-            owner[p.resolve()] = split
+    check_disjoint_splits(paths)
     table = class_table(cfg.classes)
     features = list(cfg.features)
     columns = cfg.columns if isinstance(cfg.columns, str) or cfg.columns is None else ",".join(cfg.columns)

@@ -49,7 +49,6 @@ def test_code_table() -> None:
         ({"classes": {"a": [2], "b": [2, 3]}}, "code 2 is already class 'a'"),
         ({"classes": {"a": [300]}}, "outside the ASPRS range"),
         ({"unmapped": "rest"}, "neither 'ignore' nor a class"),
-        ({"test_files": ["a.las"]}, "'a.las' is also in train_files"),
         ({"train_files": []}, "train_files"),
         ({"features": ["rgb", "height", "nir"]}, "unknown feature 'nir'"),
         ({"eval_transforms": [{"name": "random_dropout"}]}, "drops or reorders points"),
@@ -73,6 +72,24 @@ def test_features_auto_and_checked(root: Path, ctx: BuildContext) -> None:
     assert "d.las has no RGB" in str(e.value)
     with pytest.raises(DataError, match="'x.las' not found"):
         build_las_tiles(LasTilesConfig(root=str(root), **{**SPLITS, "val_files": ["x.las"]}), ctx)
+
+
+@pytest.mark.parametrize("spelling", ["a.las", "./a.las", "sub/../a.las", "ABS", "link.las", "hard.las"])
+def test_a_tile_in_two_splits_is_refused_however_named(root: Path, ctx: BuildContext, spelling: str) -> None:
+    (root / "link.las").symlink_to(root / "a.las")
+    (root / "hard.las").hardlink_to(root / "a.las")
+    name = str(root / "a.las") if spelling == "ABS" else spelling
+    with pytest.raises(DataError, match=r"data.test_files: .* is also in data.train_files.*splits must not share tiles"):
+        build_las_tiles(LasTilesConfig(root=str(root), **{**SPLITS, "test_files": [name]}), ctx)
+    with pytest.raises(DataError, match=r"data.train_files: .* is listed twice"):
+        build_las_tiles(LasTilesConfig(root=str(root), **{**SPLITS, "train_files": ["a.las", "sub/b.laz", name]}), ctx)
+
+
+def test_no_validation_tiles(root: Path, ctx: BuildContext) -> None:
+    """``val_files: []``: a refit on every labelled tile; the validation split is empty."""
+    task = build_las_tiles(LasTilesConfig(root=str(root), **{**SPLITS, "train_files": ["a.las", "sub/b.laz", "c.las"], "val_files": []}), ctx)
+    assert len(task.dataset("val")) == 0 and task.scene_names("test") == ["d"]
+    assert task.describe()["files"] == {"train": ["a.las", "sub/b.laz", "c.las"], "val": [], "test": ["d.las"]}
 
 
 def test_training_crops(root: Path, ctx: BuildContext) -> None:

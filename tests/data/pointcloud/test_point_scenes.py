@@ -78,6 +78,20 @@ def test_absolute_paths_and_globs(data_root: Path, ctx: BuildContext, tmp_path: 
     one_line_error(err, "also in data.train_files")
 
 
+def test_no_validation_files_is_a_refit_on_every_labelled_file(data_root: Path, ctx: BuildContext) -> None:
+    """``val_files: []``: every labelled scan trains, the validation split is empty (the trainer then keeps
+    the last epoch as best.pt), and a file still belongs to one split only."""
+    root = data_root / "semantickitti_scans"
+    task = build_point_scenes(kitti_cfg(root, train_files=["seq01_00000[012]_points.npy"], val_files=[], grid_size=0.5,
+                                        crop_points=1000), ctx)
+    assert task.describe()["files"]["train"] == [f"seq01_00000{i}_points.npy" for i in range(3)]
+    assert task.describe()["files"]["val"] == [] and len(task.dataset("val")) == 0
+    assert len(task.dataset("train")) == 3 and len(task.dataset("test")) == 1
+    with pytest.raises(DataError, match="also in data.train_files"):
+        build_point_scenes(kitti_cfg(root, train_files=["seq01_*_points.npy"], val_files=[],
+                                     test_files=["seq01_000002_points.npy"]), ctx)
+
+
 def test_formats_with_a_label_field(tmp_path: Path, ctx: BuildContext) -> None:
     """PLY with a 'class' field, a text table and a KITTI-style .bin scan with its .label file."""
     rng = np.random.default_rng(1)
