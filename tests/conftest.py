@@ -97,6 +97,12 @@ if "toy_blobs" not in DATASETS._entries:
 
 
 @pytest.fixture
+def toy_blobs_class() -> type[TaskData]:
+    """The toy task's class (tests patch its splits)."""
+    return ToyBlobs
+
+
+@pytest.fixture
 def toy_model_class() -> type[nn.Module]:
     """The toy model's class (tests patch its forward)."""
     return ToyMLP

@@ -261,7 +261,11 @@ def prediction_suffixes(predictor: Any) -> tuple[str, ...]:
 
 
 def check_split_not_empty(task: Any, split: str) -> None:
-    """A one-line error when the split to evaluate holds nothing (e.g. ``data.test_area: null``)."""
+    """A one-line error when the split to evaluate holds nothing (e.g. ``data.test_files: []``),
+    naming the splits that do hold something."""
     if len(task.dataset(split)) == 0:
-        raise SciformerError(f"evaluation.split={split}: the {split} split is empty (e.g. data.test_area: null or "
-                             f"data.test_files: []); evaluate another split, e.g. evaluation.split=val (--split val)")
+        others = [s for s in ("test", "val") if s != split and len(task.dataset(s)) > 0]
+        hint = (f"evaluate another split: evaluation.split={others[0]} (--split {others[0]})" if others
+                else "no validation or test data either: a run ends with an evaluation, so keep a test file")
+        raise SciformerError(f"evaluation.split={split}: the {split} split is empty (e.g. data.{split}_files: [] "
+                             f"or data.test_area: null); {hint}")

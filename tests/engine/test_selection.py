@@ -7,7 +7,6 @@ each test states which epoch must become best.pt.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -166,11 +165,10 @@ def test_a_diverged_scene_model_ends_with_one_line_not_class_zero_metrics(tmp_pa
 
 
 def test_without_a_validation_split_best_is_the_last_epoch(toy_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          toy_model_class: type) -> None:
+                                                          toy_blobs_class: type) -> None:
     """A refit (no validation files): every epoch trains, none validates, best.pt is the last epoch's model."""
-    toy_blobs = sys.modules[toy_model_class.__module__].ToyBlobs  # the class the registry builds (conftest as pytest imported it)
-    real = toy_blobs.dataset
-    monkeypatch.setattr(toy_blobs, "dataset", lambda self, split: real(self, split) if split != "val" else torch.utils.data.TensorDataset(
+    real = toy_blobs_class.dataset
+    monkeypatch.setattr(toy_blobs_class, "dataset", lambda self, split: real(self, split) if split != "val" else torch.utils.data.TensorDataset(
         torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)))
     monkeypatch.setattr(Trainer, "_evaluate", lambda self, split: pytest.fail("no validation split, yet validated"))
     run = tmp_path / "run"
@@ -181,3 +179,19 @@ def test_without_a_validation_split_best_is_the_last_epoch(toy_config: Path, tmp
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["best_epoch"] == 4 and metrics["monitor"] is None and metrics["best_val"] is None
     assert "no validation split: best.pt is the last epoch" in (run / "train.log").read_text()
+
+
+def test_an_empty_evaluation_split_names_the_splits_that_hold_data(toy_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   toy_blobs_class: type, capsys: pytest.CaptureFixture) -> None:
+    real, empty = toy_blobs_class.dataset, set()
+    monkeypatch.setattr(toy_blobs_class, "dataset", lambda self, split: real(self, split) if split not in empty else torch.utils.data.TensorDataset(
+        torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)))
+    empty.add("val")
+    assert main(["train", "-c", str(toy_config), "-o", str(tmp_path / "a"), "evaluation.split=val"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the val split is empty" in err and err.endswith("evaluation.split=test (--split test)")
+    empty.add("test")
+    assert main(["train", "-c", str(toy_config), "-o", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the test split is empty" in err and "no validation or test data either" in err and "--split" not in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

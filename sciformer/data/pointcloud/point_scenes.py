@@ -84,7 +84,7 @@ class PointScenesConfig(BaseModel):
 
     root: str | None = None  # folder relative file names and globs start from (default: the config's folder)
     train_files: list[str] = Field(min_length=1)
-    val_files: list[str] = []  # [] : no validation (a refit on every labelled file: best.pt is the last epoch)
+    val_files: list[str]  # required; [] : no validation (a refit on every labelled file: best.pt is the last epoch)
     test_files: list[str] = []
     classes: list[str] | dict[str, list[int]]
     unmapped: str = "ignore"  # label values no class takes: 'ignore' (-1) or a class name
@@ -183,11 +183,11 @@ def check_disjoint_splits(paths: dict[str, list[Path]], noun: str = "files") -> 
             key = (st.st_dev, st.st_ino)
             if key in owner:
                 other_split, other_name = owner[key]
-                same = "" if other_name == p.name else f" (as {other_name})"
+                same = "" if other_name == str(p) else f" (as {other_name})"
                 if other_split == split:
                     raise DataError(f"data.{split}_files: {p.name} is listed twice{same}; each file once")
                 raise DataError(f"data.{split}_files: {p.name} is also in data.{other_split}_files{same}; splits must not share {noun}")
-            owner[key] = (split, p.name)
+            owner[key] = (split, str(p))
 
 
 def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:

@@ -89,6 +89,8 @@ def test_no_validation_tiles(root: Path, ctx: BuildContext) -> None:
     """``val_files: []``: a refit on every labelled tile; the validation split is empty."""
     task = build_las_tiles(LasTilesConfig(root=str(root), **{**SPLITS, "train_files": ["a.las", "sub/b.laz", "c.las"], "val_files": []}), ctx)
     assert len(task.dataset("val")) == 0 and task.scene_names("test") == ["d"]
+    with pytest.raises(ValidationError, match="val_files"):  # only an explicit [] means a refit, not a forgotten key
+        LasTilesConfig(train_files=["a.las"], test_files=["d.las"])
     assert task.describe()["files"] == {"train": ["a.las", "sub/b.laz", "c.las"], "val": [], "test": ["d.las"]}
 
 

@@ -87,6 +87,8 @@ def test_no_validation_files_is_a_refit_on_every_labelled_file(data_root: Path, 
     assert task.describe()["files"]["train"] == [f"seq01_00000{i}_points.npy" for i in range(3)]
     assert task.describe()["files"]["val"] == [] and len(task.dataset("val")) == 0
     assert len(task.dataset("train")) == 3 and len(task.dataset("test")) == 1
+    with pytest.raises(ValidationError, match="val_files"):  # only an explicit [] means a refit, not a forgotten key
+        PointScenesConfig(train_files=["a.npy"], classes=["a"])
     with pytest.raises(DataError, match="also in data.train_files"):
         build_point_scenes(kitti_cfg(root, train_files=["seq01_*_points.npy"], val_files=[],
                                      test_files=["seq01_000002_points.npy"]), ctx)
