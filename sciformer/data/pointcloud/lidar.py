@@ -104,7 +104,7 @@ class LasTilesConfig(BaseModel):
 
     root: str | None = None  # default: $SCIFORMER_DATA/lidar
     train_files: list[str] = Field(min_length=1)
-    val_files: list[str]  # required; [] : no validation (a refit on every labelled tile: best.pt is the last epoch)
+    val_files: list[str]  # required; [] : no validation (a refit: train on the training and validation tiles together; best.pt is the last epoch)
     test_files: list[str] = Field(min_length=1)
     classes: dict[str, list[int]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CLASSES.items()})
     unmapped: str = "other"  # 'ignore' (-1) or one of the class names

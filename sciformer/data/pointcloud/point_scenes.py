@@ -84,7 +84,7 @@ class PointScenesConfig(BaseModel):
 
     root: str | None = None  # folder relative file names and globs start from (default: the config's folder)
     train_files: list[str] = Field(min_length=1)
-    val_files: list[str]  # required; [] : no validation (a refit on every labelled file: best.pt is the last epoch)
+    val_files: list[str]  # required; [] : no validation (a refit: train on the training and validation files together; best.pt is the last epoch)
     test_files: list[str] = []
     classes: list[str] | dict[str, list[int]]
     unmapped: str = "ignore"  # label values no class takes: 'ignore' (-1) or a class name
