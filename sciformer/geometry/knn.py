@@ -2,13 +2,17 @@
 
 Backends (all return the same neighbour sets up to ties and float rounding):
 
+- ``"grid"``: the compiled grid kNN (:mod:`sciformer.geometry.grid_knn`, built at install
+  when a C++ compiler is present) for 3-D float32 kNN; radius searches, other dimensions
+  and dtypes go to the KD-tree. The CPU default where installed: 0.6x pykdtree's time on a
+  ModelNet batch, see ``benchmarks/bench_geometry.py``.
 - ``"pykdtree"``: KD-tree from the pykdtree package (OpenMP queries); the fastest on CPU.
 - ``"scipy"``: ``scipy.spatial.cKDTree`` with ``workers=-1``; the CPU fallback without pykdtree.
 - ``"kdtree"``: pykdtree when installed, else scipy.
 - ``"brute"``: chunked brute force in torch (``addmm`` + ``topk``); any device, the GPU
   default when torch_cluster is absent.
 - ``"torch_cluster"``: ``torch_cluster.knn`` when that package is installed.
-- ``"auto"``: CPU tensors -> ``"kdtree"`` up to 12 dimensions, ``"brute"`` above (KD-trees
+- ``"auto"``: CPU tensors -> ``"grid"`` in 3-D where compiled, ``"kdtree"`` up to 12 dimensions, ``"brute"`` above (KD-trees
   lose to brute force from about 14-16 dimensions: 1.5 s vs 0.9 s for 10k points in 16-D,
   uniform data); CUDA tensors -> ``"torch_cluster"`` if installed, else ``"brute"``. On CPU
   the KD-tree also wins for tiny clouds (64 points: on par), so size does not change it.
@@ -43,6 +47,7 @@ from typing import NamedTuple
 import torch
 
 from sciformer.errors import DataError
+from sciformer.geometry import grid_knn
 from sciformer.geometry._validate import (
     check_choice,
     check_nonempty,
@@ -53,7 +58,7 @@ from sciformer.geometry._validate import (
 )
 from sciformer.geometry.knn_backends import SEARCH_BACKENDS
 
-BACKENDS = ("auto", "kdtree", "pykdtree", "scipy", "brute", "torch_cluster")
+BACKENDS = ("auto", "grid", "kdtree", "pykdtree", "scipy", "brute", "torch_cluster")
 FILLS = ("error", "nearest", "sentinel")
 
 
@@ -79,6 +84,7 @@ def has_module(name: str) -> bool:
 def available_backends() -> dict[str, bool]:
     """Which optional neighbourhood backends are installed in this environment."""
     return {
+        "grid": grid_knn.kernel() is not None,
         "pykdtree": has_module("pykdtree"),
         "scipy": has_module("scipy"),
         "torch_cluster": has_module("torch_cluster"),
@@ -94,11 +100,13 @@ def resolve_backend(backend: str, device: torch.device, dim: int = 3) -> str:
     check_choice(backend, "backend", BACKENDS)
     if backend == "auto":
         if device.type == "cpu":
-            backend = "kdtree" if dim <= _KDTREE_MAX_DIM else "brute"
+            backend = "grid" if dim == 3 and grid_knn.kernel() is not None else "kdtree" if dim <= _KDTREE_MAX_DIM else "brute"
         else:
             backend = "torch_cluster" if has_module("torch_cluster") else "brute"
     if backend == "kdtree":
         backend = "pykdtree" if has_module("pykdtree") else "scipy"
+    if backend == "grid" and grid_knn.kernel() is None:
+        raise DataError("backend='grid' needs the compiled kernel, which is not installed (reinstall sciformer where a C++ compiler is present)")
     if backend in ("pykdtree", "scipy", "torch_cluster") and not has_module(backend):
         raise DataError(f"backend={backend!r} needs the {backend} package, which is not installed")
     return backend
@@ -131,7 +139,7 @@ def knn(
             ``False`` requires ``support`` to be the same points as ``query``.
         fill: a cloud with fewer than ``k`` points (``k + 1`` without self):
             ``"error"`` (default), ``"nearest"`` or ``"sentinel"``; see the module docstring.
-        backend: ``"auto"``, ``"kdtree"``, ``"pykdtree"``, ``"scipy"``, ``"brute"``,
+        backend: ``"auto"``, ``"grid"``, ``"kdtree"``, ``"pykdtree"``, ``"scipy"``, ``"brute"``,
             ``"torch_cluster"``.
 
     Shapes:

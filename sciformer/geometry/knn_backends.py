@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
+
+from sciformer.geometry.grid_knn import grid_search
 
 _SORT_MIN = 8192  # smaller clouds fit in cache: reordering them does not pay
 _SCATTER_BLOCK = 1024  # points per block of the order test
@@ -381,7 +384,13 @@ def _torch_cluster_search(query, support, q_sizes, s_sizes, k, radius):
     return index, dist
 
 
+def _grid_backend(query, support, q_sizes, s_sizes, k, radius):
+    fallback = _pykdtree_search if importlib.util.find_spec("pykdtree") else _scipy_search
+    return grid_search(query, support, q_sizes, s_sizes, k, radius, fallback=fallback, threads=search_threads(query.shape[0]))
+
+
 SEARCH_BACKENDS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "grid": _grid_backend,
     "pykdtree": _pykdtree_search,
     "scipy": _scipy_search,
     "brute": _brute_search,

@@ -17,7 +17,7 @@ from sciformer.errors import DataError
 from sciformer.geometry import knn, radius
 from sciformer.geometry.knn import available_backends, has_module
 
-CPU_BACKENDS = ["brute", "scipy"] + (["pykdtree"] if available_backends()["pykdtree"] else [])
+CPU_BACKENDS = ["brute", "scipy"] + (["pykdtree"] if available_backends()["pykdtree"] else []) + (["grid"] if available_backends()["grid"] else [])
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -214,7 +214,7 @@ def test_high_dimensional_auto_uses_brute_force_and_matches_oracle():
     from sciformer.geometry.knn import resolve_backend
 
     assert resolve_backend("auto", torch.device("cpu"), 16) == "brute"
-    assert resolve_backend("auto", torch.device("cpu"), 3) in ("pykdtree", "scipy")
+    assert resolve_backend("auto", torch.device("cpu"), 3) in ("grid", "pykdtree", "scipy")
     rng = np.random.default_rng(10)
     pts, off = random_batch(rng, [150, 90], dim=16)
     res = knn(torch.from_numpy(pts), None, 5, torch.from_numpy(off))
@@ -318,6 +318,8 @@ def test_library_works_without_optional_packages():
         "import torch\n"
         "from sciformer.geometry import knn, fps, available_backends\n"
         "from sciformer.geometry.knn import resolve_backend\n"
+        "import sciformer.geometry.grid_knn as grid_knn\n"
+        "grid_knn.kernel = lambda: None\n"  # as installed without a C++ compiler
         "assert resolve_backend('auto', torch.device('cpu')) == 'scipy'\n"
         "x = torch.rand(500, 3)\n"
         "i, d = knn(x, None, 8)\n"

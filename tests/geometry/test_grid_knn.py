@@ -1,0 +1,170 @@
+"""The compiled grid kNN (backend "grid") against scipy's cKDTree, on every shape of cloud
+that changes its path: volumes, planes, lines, duplicates, far outliers (coarse grids and
+the KD-tree fallback), queries far outside the support, batches of unequal clouds, real scans.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from geometry_oracles import clouds, knn_oracle
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sciformer.errors import DataError
+from sciformer.geometry import grid_knn, knn
+from sciformer.geometry.knn import available_backends, resolve_backend
+
+needs_kernel = pytest.mark.skipif(grid_knn.kernel() is None, reason="the compiled grid kernel is not built")
+DATA = Path(__import__("os").environ.get("SCIFORMER_DATA", Path(__file__).parents[3] / "shared" / "data"))
+
+
+def check_against_oracle(query: np.ndarray, support: np.ndarray, k: int, q_off: np.ndarray, s_off: np.ndarray, *,
+                         same: bool, threads: int | None = None) -> torch.Tensor:
+    """knn(backend="grid") in float32 equals cKDTree's (float64 on the same float32 values):
+    the same distances, the same sets up to points tied with the k-th; never across clouds."""
+    q32 = torch.from_numpy(query.astype(np.float32))
+    s32 = q32 if same else torch.from_numpy(support.astype(np.float32))
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        res = knn(q32, None if same else s32, k, torch.from_numpy(q_off), torch.from_numpy(s_off), fill="sentinel", backend="grid")
+    finally:
+        torch.set_num_threads(before)
+    q64, s64 = q32.double().numpy(), s32.double().numpy()
+    o_idx, o_dist = knn_oracle(q64, s64, k, q_off, s_off)
+    index, dist = res.index.numpy(), res.dist.double().numpy()
+    for ((q0, q1), (s0, s1)), oi, od in zip(zip(clouds(q_off), clouds(s_off)), o_idx, o_dist):
+        kk = oi.shape[1]
+        scale = max(float(np.abs(s64[s0:s1]).max()), float(np.abs(q64[q0:q1]).max()), 1.0)
+        atol = 1e-5 * scale
+        np.testing.assert_allclose(dist[q0:q1, :kk], od, atol=atol, rtol=0)
+        assert ((index[q0:q1, :kk] >= s0) & (index[q0:q1, :kk] < s1)).all()
+        assert (index[q0:q1, kk:] == -1).all() and np.isinf(dist[q0:q1, kk:]).all()
+        true = np.linalg.norm(s64[index[q0:q1, :kk]] - q64[q0:q1, None, :], axis=-1)  # (m, kk)
+        np.testing.assert_allclose(dist[q0:q1, :kk], true, atol=atol, rtol=0)
+        for row in np.flatnonzero((np.sort(index[q0:q1, :kk], axis=1) != np.sort(oi, axis=1)).any(axis=1)):
+            ours, theirs = set(index[q0 + row, :kk].tolist()), set(oi[row].tolist())
+            for j in ours ^ theirs:  # only points tied with the k-th neighbour may differ
+                assert abs(np.linalg.norm(s64[j] - q64[q0 + row]) - od[row, -1]) <= atol, (row, j)
+        for row in range(q1 - q0):  # no point twice in a row
+            assert len(set(index[q0 + row, :kk].tolist())) == kk
+    return res.index
+
+
+def shapes(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Clouds of n points whose density and dimension differ."""
+    t = rng.random(n)
+    far = rng.normal(size=(n, 3)) * 0.1
+    far[: max(1, n // 50)] = rng.normal(size=(max(1, n // 50), 3)) * 1e4  # a few far outliers
+    dup = rng.random((max(1, n // 8), 3))[rng.integers(0, max(1, n // 8), n)]  # every point ~8 times
+    return {
+        "volume": rng.random((n, 3)),
+        "plane": np.c_[rng.random((n, 2)) * 100, np.zeros(n)],
+        "line": np.c_[t, 2 * t, -t],
+        "sphere surface": (lambda v: v / np.linalg.norm(v, axis=1, keepdims=True))(rng.normal(size=(n, 3))),
+        "outliers": far,
+        "duplicates": dup,
+        "one point repeated": np.ones((n, 3)),
+        "clusters of very different density": np.concatenate(
+            [rng.random((n // 2, 3)) * 1e-3, rng.random((n - n // 2, 3)) * 1e3 + 5]),
+        "integer lattice (many ties)": rng.integers(0, 6, size=(n, 3)).astype(float),
+    }
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 17, 300, 5000])
+@pytest.mark.parametrize("k", [1, 16])
+def test_self_query_on_every_shape(n, k):
+    rng = np.random.default_rng(n + k)
+    for name, pts in shapes(rng, n).items():
+        try:
+            check_against_oracle(pts, pts, k, np.array([n]), np.array([n]), same=True)
+        except AssertionError as err:
+            raise AssertionError(f"{name}: {err}") from err
+
+
+@needs_kernel
+def test_batches_of_unequal_clouds_cross_query_and_far_queries():
+    rng = np.random.default_rng(1)
+    sizes_s, sizes_q = [3, 1024, 40, 2000, 1], [7, 900, 1, 2500, 4]
+    support = np.concatenate([rng.normal(size=(n, 3)) * rng.uniform(0.01, 50) + rng.uniform(-1e3, 1e3, 3) for n in sizes_s])
+    query = np.concatenate([rng.normal(size=(n, 3)) * 30 for n in sizes_q])
+    query[:5] *= 1e4  # queries far outside their cloud's box
+    check_against_oracle(query, support, 16, np.cumsum(sizes_q), np.cumsum(sizes_s), same=False)
+    check_against_oracle(support, support, 16, np.cumsum(sizes_s), np.cumsum(sizes_s), same=True, threads=2)
+
+
+@needs_kernel
+def test_uneven_cloud_uses_coarse_grids_and_the_kd_tree_and_stays_exact():
+    rng = np.random.default_rng(2)
+    dense = rng.random((20_000, 3)).astype(np.float32)
+    sparse = (rng.normal(size=(300, 3)) * np.logspace(1, 6, 300)[:, None]).astype(np.float32)  # 10 .. 1e6 away
+    pts = np.ascontiguousarray(np.concatenate([dense, sparse]))
+    _, _, unsettled = grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], 16, 1)
+    assert unsettled.any()  # some rows really do reach the KD-tree
+    check_against_oracle(pts, pts, 16, np.array([len(pts)]), np.array([len(pts)]), same=True)
+
+
+@needs_kernel
+def test_threads_and_input_order_do_not_change_the_answer():
+    rng = np.random.default_rng(3)
+    pts = np.concatenate([rng.random((30_000, 3)), rng.random((3000, 3)) * 50]).astype(np.float32)
+    offset = np.array([20_000, 33_000])
+    one = grid_knn.grid_knn(pts, pts, [20_000, 13_000], [20_000, 13_000], 16, 1)
+    two = grid_knn.grid_knn(pts, pts, [20_000, 13_000], [20_000, 13_000], 16, 2)
+    assert all(np.array_equal(a, b) for a, b in zip(one, two))
+    perm = np.concatenate([rng.permutation(20_000), 20_000 + rng.permutation(13_000)])
+    shuffled = knn(torch.from_numpy(pts[perm]), None, 16, torch.from_numpy(offset), backend="grid")
+    np.testing.assert_allclose(shuffled.dist.numpy(), one[1][perm], rtol=1e-6)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3), st.integers(-3, 3)), min_size=1, max_size=80),
+       st.integers(1, 20), st.sampled_from([1e-3, 1.0, 1e4]))
+def test_any_small_cloud_with_ties(cells, k, scale):
+    pts = np.asarray(cells, dtype=np.float64) * scale
+    check_against_oracle(pts, pts, k, np.array([len(pts)]), np.array([len(pts)]), same=True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["semantickitti_scans/seq01_000000_points.npy", "lidar"])
+def test_real_scans(name):
+    path = DATA / name
+    if name == "lidar":
+        from sciformer.data.pointcloud.io import read_point_file
+
+        tiles = sorted(path.glob("*.la[sz]"), key=lambda p: p.stat().st_size)
+        if not tiles:
+            pytest.skip("no LiDAR tiles")
+        pts = np.asarray(read_point_file(tiles[-1])["coord"], dtype=np.float64)
+    else:
+        if not path.is_file():
+            pytest.skip(f"{path} missing")
+        pts = np.load(path).astype(np.float64)[:, :3]
+    pts = pts[:, :3] - pts[:, :3].min(axis=0)  # as the datasets feed them
+    check_against_oracle(pts, pts, 16, np.array([len(pts)]), np.array([len(pts)]), same=True, threads=2)
+
+
+def test_without_the_kernel_auto_uses_the_kd_tree_and_grid_is_refused(monkeypatch):
+    monkeypatch.setattr(grid_knn, "kernel", lambda: None)
+    assert resolve_backend("auto", torch.device("cpu"), 3) in ("pykdtree", "scipy")
+    assert available_backends()["grid"] is False
+    with pytest.raises(DataError, match="compiled kernel"):
+        knn(torch.rand(50, 3), None, 4, backend="grid")
+
+
+@needs_kernel
+def test_auto_uses_the_kernel_in_3d_and_grid_hands_other_cases_to_the_kd_tree():
+    assert resolve_backend("auto", torch.device("cpu"), 3) == "grid"
+    assert resolve_backend("auto", torch.device("cpu"), 2) in ("pykdtree", "scipy")
+    rng = np.random.default_rng(4)
+    for pts in (rng.random((500, 3)), rng.random((500, 2)).astype(np.float32)):  # float64; 2-D
+        x = torch.from_numpy(pts)
+        got, want = knn(x, None, 8, backend="grid"), knn(x, None, 8, backend="scipy")
+        torch.testing.assert_close(got.dist, want.dist)
