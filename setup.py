@@ -11,6 +11,7 @@ setup(
         Extension(
             "sciformer.geometry._grid_knn",
             sources=["sciformer/geometry/_grid_knn.cpp"],
+            depends=["sciformer/geometry/_grid_knn_grid.h", "sciformer/geometry/_grid_knn_search.h"],
             language="c++",
             extra_compile_args=["-O3", "-std=c++17", "-pthread"],
             extra_link_args=["-pthread"],

@@ -205,6 +205,8 @@ def bench_knn(bench: Bench, sizes: list[int], device: str, rng: np.random.Genera
             return res
 
         bench.add(case, "sciformer knn (auto)", ours, peer=False)
+        if device == "cpu":  # the KD-tree path, what runs without the compiled kernel
+            bench.add(case, "sciformer knn (kdtree)", lambda: knn(x, None, K, backend="kdtree"), peer=False)
         ours_idx = knn(x, None, K).index
         rows = rng.choice(n, size=min(n, 20_000), replace=False)
         brute = None

@@ -247,6 +247,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         except md.PackageNotFoundError:
             version = "absent"
         print(f"  {dist:<16} {version:<12} {purpose}")
+    from sciformer.geometry import grid_knn
+
+    print(f"  {'grid kNN kernel':<16} {'compiled' if grid_knn.kernel() else 'absent':<12} fast CPU 3-D kNN (built at install by a C++ compiler)")
     print("models:")
     for entry in MODELS.entries():
         print(f"  {entry.name:<22} {entry.summary}")

@@ -3,8 +3,9 @@
 Everything takes and returns torch tensors on the input's device, on packed batches
 (clouds concatenated, described by ``offset``: cumulative cloud ends, int64 (B,)). Indices
 carry no autograd; pooled and interpolated features are differentiable. Fast CPU backends
-(pykdtree, fpsample) are used when installed (``pip install 'sciformer[geometry]'``);
-scipy and numpy/torch fallbacks are always there.
+are used when present: the compiled grid kNN (built by ``pip install`` where a C++ compiler
+is found), pykdtree and fpsample (``pip install 'sciformer[geometry]'``); scipy and
+numpy/torch fallbacks are always there.
 
 Point Transformer building blocks::
 

@@ -5,16 +5,19 @@ and loaded with ctypes; without it :func:`kernel` is ``None`` and ``knn`` uses t
 backends. How it searches (see the C++ file for the details):
 
 - Each cloud's support points are sorted by cell of a uniform grid whose edge comes from the
-  data (half the median k-th neighbour distance of a sample of queries, found exactly on a
-  first grid), so a column of cells is one contiguous run of points.
+  data (the median k-th neighbour distance of a few sample queries, estimated by brute force
+  on a thinned cloud), so a column of cells is one contiguous run of points, found in a
+  dense table of cells or columns, or in a hash of 4 x 4 blocks of columns for sparse boxes.
 - Queries are taken in cell order. Each scans the cells of the box ``q +- R`` and keeps the
   points within ``R``; with ``k`` of them its ``k`` nearest are among them, else ``R``
   grows. ``R`` starts from the previous query's k-th distance.
 - Clouds of a batch are searched independently (threads over clouds); one large cloud
   splits its queries over the threads. Threads are C++ threads, not an OpenMP pool.
 
-Queries whose box would have to grow more than ``max_pass`` times (far outliers in a very
-uneven cloud) come back flagged as unsettled; :func:`grid_search` sends them to the KD-tree.
+Queries far outside the bulk of their cloud, queries whose box would have to span more than
+400 columns even on the coarse grids (outliers of a very uneven cloud), and every query of a
+cloud too fine for float32 squared distances (neighbours closer than about 1e-15) come back
+flagged as unsettled; :func:`grid_search` sends them to the KD-tree, in float64.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-_SCALE = 0.7  # cell edge / median k-th neighbour distance (0.5-1.0 measured alike; 0.7 best on the real scans)
+_SCALE = 1.0  # cell edge / median k-th neighbour distance (0.5-1.0 measured alike; 1.0 best on the real tiles)
 _MAX_PASS = 8  # box growths before a query is handed to the KD-tree
 
 
@@ -68,8 +71,12 @@ def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes
     index = np.empty((m, k), dtype=np.int64)
     dist = np.empty((m, k), dtype=np.float32)
     unsettled = np.empty(m, dtype=np.int8)
-    lib.sf_grid_knn(sn.ctypes.data, qn.ctypes.data, s_end.ctypes.data, q_end.ctypes.data, len(q_sizes), k, int(same),
-                    _MAX_PASS, _SCALE, max(1, int(threads)), index.ctypes.data, dist.ctypes.data, unsettled.ctypes.data)
+    status = lib.sf_grid_knn(sn.ctypes.data, qn.ctypes.data, s_end.ctypes.data, q_end.ctypes.data, len(q_sizes), k, int(same),
+                             _MAX_PASS, _SCALE, max(1, int(threads)), index.ctypes.data, dist.ctypes.data, unsettled.ctypes.data)
+    if status == 2:
+        raise MemoryError(f"grid kNN: out of memory for {m} queries among {sn.shape[0]} points")
+    if status:
+        raise RuntimeError(f"grid kNN failed (status {status})")
     return index, dist, unsettled.astype(bool)
 
 
@@ -97,7 +104,9 @@ def grid_search(query, support, q_sizes: list[int], s_sizes: list[int], k: int, 
         for b in np.unique(cloud):
             rows = np.flatnonzero(unsettled[q_start[b]:q_start[b + 1]]) + q_start[b]
             cols = slice(s_start[b], s_start[b + 1])
-            sub_i, sub_d = fallback(torch.from_numpy(qn[rows]), torch.from_numpy(sn[cols]), [len(rows)], [s_sizes[b]], k, None)
+            # float64: the rows include clouds too fine for float32 squared distances
+            sub_q, sub_s = torch.from_numpy(qn[rows]).double(), torch.from_numpy(sn[cols]).double()
+            sub_i, sub_d = fallback(sub_q, sub_s, [len(rows)], [s_sizes[b]], k, None)
             sub_i = sub_i.numpy()
             index[rows] = np.where(sub_i >= 0, sub_i + s_start[b], -1)
             dist[rows] = sub_d.numpy()

@@ -207,7 +207,8 @@ def neighbour_search(
     dtype = torch.promote_types(query.dtype, support.dtype)
     work = torch.float64 if _overflows(query, support, dtype) else dtype
     q = query.detach().to(work)
-    s = q if support is query else support.detach().to(work)  # backends may reuse work for q is s
+    # backends treat q is s as a self-query: only with the same clouds on both sides
+    s = q if support is query and q_sizes == s_sizes else support.detach().to(work)
     with torch.no_grad():
         index, dist = SEARCH_BACKENDS[name](q, s, q_sizes, s_sizes, k_search, radius)
     dist = dist.to(dtype)

@@ -1,7 +1,9 @@
-"""kNN search backends on packed batches: KD-trees (pykdtree, scipy) with Morton ordering,
-chunked brute force in torch, and torch_cluster. :func:`sciformer.geometry.knn.knn` picks one.
+"""kNN search backends on packed batches: the compiled grid kernel (3-D float32 kNN, see
+:mod:`sciformer.geometry.grid_knn`), KD-trees (pykdtree, scipy) with Morton ordering, chunked
+brute force in torch, and torch_cluster. :func:`sciformer.geometry.knn.knn` picks one.
 
-The KD-tree path, measured with ``benchmarks/bench_geometry.py`` on real scans:
+The KD-tree path (radius searches, float64, other dimensions, installs without the kernel,
+and the grid's unsettled rows), measured with ``benchmarks/bench_geometry.py`` on real scans:
 
 - **Order from the data.** A cloud whose points come in a scattered order (shuffled, a
   spinning-LiDAR scan stored beam by beam, uniform samples) is put in Morton (Z-curve) order

@@ -53,6 +53,7 @@ def check_against_oracle(query: np.ndarray, support: np.ndarray, k: int, q_off: 
                 assert abs(np.linalg.norm(s64[j] - q64[q0 + row]) - od[row, -1]) <= atol, (row, j)
         for row in range(q1 - q0):  # no point twice in a row
             assert len(set(index[q0 + row, :kk].tolist())) == kk
+        assert (np.diff(dist[q0:q1, :kk], axis=1) >= 0).all()  # rows ascending
     return res.index
 
 
@@ -168,3 +169,56 @@ def test_auto_uses_the_kernel_in_3d_and_grid_hands_other_cases_to_the_kd_tree():
         x = torch.from_numpy(pts)
         got, want = knn(x, None, 8, backend="grid"), knn(x, None, 8, backend="scipy")
         torch.testing.assert_close(got.dist, want.dist)
+
+
+@needs_kernel
+def test_one_stray_point_far_away_does_not_stretch_the_grid():
+    rng = np.random.default_rng(5)
+    pts = (rng.random((60_000, 3)) * [100, 100, 10]).astype(np.float32)
+    pts[7] = [1e8, 0, 0]  # a bogus return: the box is 1e6 times the scan
+    _, _, unsettled = grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], 16, 1)
+    assert unsettled.sum() <= 1  # only the stray point itself may need the KD-tree
+    check_against_oracle(pts, pts, 16, np.array([len(pts)]), np.array([len(pts)]), same=True)
+
+
+@needs_kernel
+def test_many_copies_of_one_point_are_answered_in_the_grid():
+    rng = np.random.default_rng(6)
+    pts = np.concatenate([rng.random((20_000, 3)) * 50, np.zeros((20_000, 3))]).astype(np.float32)  # no-data at 0
+    _, _, unsettled = grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], 16, 1)
+    assert not unsettled[20_000:].any()
+    check_against_oracle(pts, pts, 16, np.array([len(pts)]), np.array([len(pts)]), same=True)
+    one, two = (grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], 16, t) for t in (1, 2))
+    assert all(np.array_equal(a, b) for a, b in zip(one, two))  # ties among copies resolved alike
+
+
+@needs_kernel
+def test_queries_beside_the_support_in_one_axis_only():
+    rng = np.random.default_rng(7)
+    support = rng.random((30_000, 3))
+    query = rng.random((3000, 3))
+    query[:, 2] += 1.5  # inside the box in x and y, above it in z
+    check_against_oracle(query, support, 8, np.array([3000]), np.array([30_000]), same=False)
+
+
+@needs_kernel
+@pytest.mark.parametrize("spacing", [1e-23, 1e-30])
+def test_neighbours_closer_than_float32_squares_resolve_exactly(spacing):
+    rng = np.random.default_rng(8)
+    tiny = np.array([[0.0, 0, 0], [3, 0, 0], [1, 0, 0], [2, 0, 0]]) * spacing
+    for pts in (tiny, np.concatenate([tiny, rng.random((5000, 3))])):  # alone, or inside a normal cloud
+        x = torch.from_numpy(pts.astype(np.float32))
+        got = knn(x, None, 3, backend="grid")
+        want = knn(x.double(), None, 3, backend="scipy")
+        assert got.index[:4, 0].tolist() == [0, 1, 2, 3]  # self first: no two points coincide
+        np.testing.assert_allclose(got.dist[:4].double().numpy(), want.dist[:4].numpy(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["grid", "pykdtree", "scipy", "brute"])
+def test_one_tensor_as_query_and_support_with_different_clouds(backend):
+    if not available_backends()[backend] if backend in ("grid", "pykdtree") else False:
+        pytest.skip(f"{backend} not available")
+    x = torch.rand(4000, 3, generator=torch.Generator().manual_seed(0))
+    q_off, s_off = torch.tensor([3900, 4000]), torch.tensor([100, 4000])
+    res = knn(x, x, 4, q_off, s_off, backend=backend)
+    assert bool((res.index[:3900] < 100).all()) and bool((res.index[3900:] >= 100).all())

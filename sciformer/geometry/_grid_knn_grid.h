@@ -1,0 +1,177 @@
+// The grid of the grid kNN kernel (_grid_knn.cpp): cells sized from the data, points sorted
+// by cell, and the tables that find a column of cells as one run of points.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace sciformer_grid {
+
+constexpr int64_t kMaxCells = int64_t(1) << 20;  // cells per axis
+constexpr int64_t kMaxColumns = 400;  // (x, y) columns a query may scan before the KD-tree takes it
+constexpr int64_t kMaxScan = 16384;   // points a query may scan in one box before the KD-tree takes it
+constexpr int64_t kChunk = 512;       // queries per chunk of work (see parallel_for)
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Grid {
+  double lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // the support's bounding box
+  double h = 1;
+  int64_t dim[3] = {1, 1, 1};
+  std::vector<float> xyz;       // (n, 3) points in cell order
+  std::vector<int64_t> ids;     // (n,) their index within the cloud
+  std::vector<int64_t> cells;   // (X * Y * Z + 1,) first point of each cell, if not too many
+  std::vector<int64_t> cols;    // else (X * Y + 1,) first point of each (x, y) column, if not too many
+  // else blocks of 4 x 4 columns in a hash table (open addressing): occupied block -> entry e,
+  // whose 16 columns hold points [boff[17 e + j], boff[17 e + j + 1])
+  bool blocked = false;
+  int64_t bdim1 = 1;            // blocks along y
+  std::vector<int64_t> hkey, hentry, boff;
+  uint64_t mask = 0;
+  int shift = 63;
+  std::vector<int32_t> zcell;   // (n,) z cell of each point
+  double radius = 0;            // typical k-th neighbour distance (fitted_grid)
+  double far = kInf;            // queries farther than this from the grid's box go to the KD-tree
+
+  struct Cache {  // the block of the last column looked up (boxes walk y fastest)
+    int64_t block = -1, entry = -1;
+  };
+
+  // Points [p0, p1) of cells (x, y, z0..z1), x and y inside the grid; a short column is
+  // returned whole (scanning a few extra points is cheaper than finding where z0..z1 lie).
+  void column(int64_t x, int64_t y, int64_t z0, int64_t z1, int64_t& p0, int64_t& p1, Cache& cache) const {
+    if (!cells.empty()) {  // exact: no extra points, no search
+      const int64_t c = (x * dim[1] + y) * dim[2];
+      p0 = cells[c + z0], p1 = cells[c + z1 + 1];
+      return;
+    }
+    if (!cols.empty()) {
+      const int64_t c = x * dim[1] + y;
+      p0 = cols[c], p1 = cols[c + 1];
+    } else {
+      const int64_t block = (x >> 2) * bdim1 + (y >> 2);
+      if (block != cache.block) {
+        cache.block = block, cache.entry = -1;
+        for (uint64_t slot = hash(block);; slot = (slot + 1) & mask) {
+          if (hkey[slot] == block) {
+            cache.entry = hentry[slot];
+            break;
+          }
+          if (hkey[slot] < 0) break;
+        }
+      }
+      if (cache.entry < 0) {
+        p0 = p1 = 0;
+        return;
+      }
+      const int64_t* off = boff.data() + 17 * cache.entry + (((x & 3) << 2) | (y & 3));
+      p0 = off[0], p1 = off[1];
+    }
+    if (p1 - p0 > 16) {
+      const int32_t* zb = zcell.data();
+      p0 = std::lower_bound(zb + p0, zb + p1, int32_t(z0)) - zb;
+      p1 = std::upper_bound(zb + p0, zb + p1, int32_t(z1)) - zb;
+    }
+  }
+
+  uint64_t hash(int64_t c) const { return (uint64_t(c) * 0x9E3779B97F4A7C15ull) >> shift; }
+
+  int64_t cell(double v, int a) const {  // unclamped cell coordinate, kept far from overflow
+    double c = std::floor((v - lo[a]) / h);
+    return int64_t(std::max(-4.0 * kMaxCells, std::min(c, 8.0 * kMaxCells)));
+  }
+  // Sort key of a cell: x-major, z fastest (blocked: block, then column in block, then z).
+  int64_t key(int64_t x, int64_t y, int64_t z) const {
+    if (blocked) return ((((x >> 2) * bdim1 + (y >> 2)) << 4) | ((x & 3) << 2) | (y & 3)) * dim[2] + z;
+    return (x * dim[1] + y) * dim[2] + z;
+  }
+  int64_t clamped_key(const float* p) const {
+    int64_t c[3];
+    for (int a = 0; a < 3; ++a) c[a] = std::max<int64_t>(0, std::min(cell(p[a], a), dim[a] - 1));
+    return key(c[0], c[1], c[2]);
+  }
+};
+
+// Sort `n` points (rows of `pts`) into `g` with cell edge `h` over the box [lo, hi]: a
+// counting sort by cell (or by column, then by z within each column) where a dense table
+// fits, else a comparison sort of the keys and a hash table of the occupied columns.
+void build(Grid& g, const float* pts, int64_t n, const double* lo, const double* hi, double h) {
+  double extent = 0;
+  for (int a = 0; a < 3; ++a) extent = std::max(extent, hi[a] - lo[a]);
+  g.h = std::max(h, extent / double(kMaxCells - 1));
+  if (!(g.h > 0)) g.h = 1;
+  for (int a = 0; a < 3; ++a) {
+    g.lo[a] = lo[a], g.hi[a] = hi[a];
+    g.dim[a] = std::min<int64_t>(kMaxCells, int64_t((hi[a] - lo[a]) / g.h) + 1);
+  }
+  const int64_t columns = g.dim[0] * g.dim[1], dense = 16 * n + 4096;
+  g.cells.clear(), g.cols.clear(), g.hkey.clear(), g.hentry.clear(), g.boff.clear();
+  g.blocked = columns > dense;
+  g.bdim1 = (g.dim[1] + 3) / 4;
+  std::vector<int64_t> key(n);
+  for (int64_t i = 0; i < n; ++i) key[i] = g.clamped_key(pts + 3 * i);
+  std::vector<int64_t> order(n);  // point indices in key order, ties by index
+  if (columns <= dense && columns * g.dim[2] <= dense) {
+    g.cells.assign(columns * g.dim[2] + 1, 0);
+    for (int64_t i = 0; i < n; ++i) ++g.cells[key[i] + 1];
+    for (int64_t c = 0; c + 1 < int64_t(g.cells.size()); ++c) g.cells[c + 1] += g.cells[c];
+    std::vector<int64_t> fill(g.cells.begin(), g.cells.end() - 1);
+    for (int64_t i = 0; i < n; ++i) order[fill[key[i]]++] = i;
+  } else if (columns <= dense) {
+    g.cols.assign(columns + 1, 0);
+    for (int64_t i = 0; i < n; ++i) ++g.cols[key[i] / g.dim[2] + 1];
+    for (int64_t c = 0; c < columns; ++c) g.cols[c + 1] += g.cols[c];
+    std::vector<int64_t> fill(g.cols.begin(), g.cols.end() - 1);
+    for (int64_t i = 0; i < n; ++i) order[fill[key[i] / g.dim[2]]++] = i;
+    for (int64_t c = 0; c < columns; ++c)  // by z within a column (ties keep index order)
+      if (g.cols[c + 1] - g.cols[c] > 1)
+        std::stable_sort(order.begin() + g.cols[c], order.begin() + g.cols[c + 1], [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+  } else {
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] < key[b] || (key[a] == key[b] && a < b); });
+    const int64_t per_block = 16 * g.dim[2];
+    int64_t blocks = 0;
+    for (int64_t i = 0; i < n; ++i) blocks += i == 0 || key[order[i]] / per_block != key[order[i - 1]] / per_block;
+    int bits = 1;
+    while ((int64_t(1) << bits) < 2 * blocks) ++bits;
+    g.mask = (uint64_t(1) << bits) - 1;
+    g.shift = 64 - bits;
+    g.hkey.assign(g.mask + 1, -1);
+    g.hentry.assign(g.mask + 1, -1);
+    g.boff.assign(17 * blocks, 0);
+    int64_t entry = 0;
+    for (int64_t i = 0; i < n; ++entry) {
+      const int64_t block = key[order[i]] / per_block;
+      int64_t* off = g.boff.data() + 17 * entry;
+      int64_t e = i;
+      for (int j = 0; j < 16; ++j) {  // the block's 16 columns, in key order
+        off[j] = e;
+        while (e < n && key[order[e]] / per_block == block && (key[order[e]] / g.dim[2]) % 16 == j) ++e;
+      }
+      off[16] = e;
+      uint64_t slot = g.hash(block);
+      while (g.hkey[slot] >= 0) slot = (slot + 1) & g.mask;
+      g.hkey[slot] = block, g.hentry[slot] = entry;
+      i = e;
+    }
+  }
+  g.xyz.resize(3 * n);
+  g.zcell.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* p = pts + 3 * order[i];
+    g.xyz[3 * i] = p[0], g.xyz[3 * i + 1] = p[1], g.xyz[3 * i + 2] = p[2];
+    g.zcell[i] = int32_t(key[order[i]] % g.dim[2]);
+  }
+  g.ids = std::move(order);
+}
+
+void bounds(const float* pts, int64_t n, double* lo, double* hi) {
+  for (int a = 0; a < 3; ++a) lo[a] = kInf, hi[a] = -kInf;
+  for (int64_t i = 0; i < n; ++i)
+    for (int a = 0; a < 3; ++a) lo[a] = std::min(lo[a], double(pts[3 * i + a])), hi[a] = std::max(hi[a], double(pts[3 * i + a]));
+}
+
+}  // namespace sciformer_grid

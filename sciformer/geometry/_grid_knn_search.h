@@ -1,0 +1,168 @@
+// The per-query search of the grid kNN kernel (_grid_knn.cpp): a box of cells around the
+// query, widened until k points lie within its radius; exact ranking of near-ties in double.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "_grid_knn_grid.h"
+
+namespace sciformer_grid {
+
+// Searches queries one after the other. A query scans the cells of the box q +- R and keeps
+// the points within R; with at least k of them its k nearest are among them (every point
+// within R lies in the box). R starts from the k-th distance of the query before (queries
+// come in cell order: neighbours have similar k-th distances) and grows until k are found.
+class Searcher {
+ public:
+  Searcher(const Grid& g, int64_t max_pass, double radius) : g_(g), max_pass_(max_pass), radius_(radius) {}
+
+  // The kk nearest support points of q, ascending: positions in the grid's order and squared
+  // distances (float; ties broken by position). False if q did not settle within max_pass scans.
+  bool query(const float* q, int64_t kk, int64_t* pos, float* d2) {
+    // the largest radius whose box stays within kMaxColumns columns, wherever q lies in its cell
+    double outside = 0;  // distance from q to the grid's box
+    for (int a = 0; a < 3; ++a) {
+      const double below = g_.lo[a] - q[a], above = q[a] - (g_.lo[a] + double(g_.dim[a]) * g_.h);
+      outside += std::max({below, above, 0.0}) * std::max({below, above, 0.0});
+    }
+    // far outside the bulk, a box around q would take in much of the cloud: the KD-tree's job
+    if (outside > g_.far * g_.far) return false;
+    if (duplicates(q, kk, pos, d2)) return true;
+    const double widest = (std::floor(std::sqrt(double(kMaxColumns))) - 1) / 2 * g_.h;
+    double radius = std::max(std::min(radius_, widest), 1e-6 * g_.h);
+    for (int64_t pass = 0; pass < max_pass_; ++pass) {
+      const Box box = scan_box(q, radius);
+      if (box == Box::kTooBig) return false;  // a far outlier of an uneven cloud: the KD-tree's job
+      if (n_ >= kk) {
+        select(q, kk, pos, d2);
+        radius_ = std::max(1.1 * std::sqrt(double(d2[kk - 1])), 1e-30);
+        return true;
+      }
+      if (box == Box::kWhole) return false;  // never: kk <= the cloud's points
+      radius *= std::min(4.0, std::max(1.25, 1.1 * std::sqrt(double(kk) / double(std::max<int64_t>(n_, 1)))));
+    }
+    return false;
+  }
+
+ private:
+  // The kk nearest of the n_ candidates in buf_: ranked by float32 squared distance, then the
+  // candidates tied with the kk-th at float32 resolution (a few ulps) ranked again in double,
+  // ties by position, so the answer is exact and the same for any order of the input.
+  void select(const float* q, int64_t kk, int64_t* pos, float* d2) {
+    int64_t top = std::min(n_, 2 * kk);
+    if (n_ > 2 * kk) std::nth_element(buf_.begin(), buf_.begin() + kk, buf_.begin() + n_);
+    std::sort(buf_.begin(), buf_.begin() + top);
+    float kth;
+    const uint32_t kth_bits = uint32_t(buf_[kk - 1] >> 32);
+    std::memcpy(&kth, &kth_bits, sizeof(float));
+    const float bound = kth * (1 + 1e-6f) + std::numeric_limits<float>::denorm_min() * 4;
+    auto dist_of = [&](uint64_t key) {
+      float d;
+      const uint32_t bits = uint32_t(key >> 32);
+      std::memcpy(&d, &bits, sizeof(float));
+      return d;
+    };
+    if (top < n_ && dist_of(buf_[top - 1]) <= bound) {  // the tie group runs past the sorted part
+      top = std::partition(buf_.begin() + top, buf_.begin() + n_, [&](uint64_t key) { return dist_of(key) <= bound; }) - buf_.begin();
+    }
+    int64_t first = kk - 1;  // the tie group: positions [first, last) of buf_
+    while (first > 0 && dist_of(buf_[first - 1]) >= kth * (1 - 1e-6f) - std::numeric_limits<float>::denorm_min() * 4) --first;
+    int64_t last = kk;
+    while (last < top && dist_of(buf_[last]) <= bound) ++last;
+    exact_.clear();
+    for (int64_t j = first; j < last; ++j) {
+      const int64_t p = int64_t(buf_[j] & 0xffffffffu);
+      const float* s = g_.xyz.data() + 3 * p;
+      const double dx = double(s[0]) - q[0], dy = double(s[1]) - q[1], dz = double(s[2]) - q[2];
+      exact_.emplace_back(dx * dx + dy * dy + dz * dz, p);
+    }
+    std::sort(exact_.begin(), exact_.end());
+    for (int64_t j = 0; j < kk; ++j) {
+      if (j < first) {
+        d2[j] = dist_of(buf_[j]), pos[j] = int64_t(buf_[j] & 0xffffffffu);
+      } else {
+        d2[j] = float(exact_[j - first].first), pos[j] = exact_[j - first].second;
+      }
+    }
+  }
+
+  // Many copies of q (no-data returns stored at one spot): kk points at distance 0 in q's own
+  // cell answer it without scanning the rest (a cell may hold tens of thousands of them).
+  bool duplicates(const float* q, int64_t kk, int64_t* pos, float* d2) {
+    int64_t c[3];
+    for (int a = 0; a < 3; ++a) {
+      c[a] = g_.cell(q[a], a);
+      if (c[a] < 0 || c[a] >= g_.dim[a]) return false;
+    }
+    int64_t p0, p1;
+    Grid::Cache cache;
+    g_.column(c[0], c[1], c[2], c[2], p0, p1, cache);
+    if (p1 - p0 < 64) return false;  // the usual case: the box scan is as cheap
+    int64_t found = 0;
+    for (int64_t i = p0; i < p1 && found < kk; ++i) {
+      const float* s = g_.xyz.data() + 3 * i;
+      if (s[0] == q[0] && s[1] == q[1] && s[2] == q[2]) pos[found] = i, d2[found++] = 0;
+    }
+    return found == kk;
+  }
+
+  const Grid& g_;
+  std::vector<std::pair<double, int64_t>> exact_;
+  int64_t max_pass_;
+  double radius_;
+  std::vector<uint64_t> buf_;  // (distance^2 float bits << 32) | position, points within R
+  int64_t n_ = 0;
+
+  enum class Box { kPart, kWhole, kTooBig };
+
+  // Keep every point within `radius` of q from the cells meeting the box q +- radius. Returns
+  // whether the box holds the whole grid, or (scanning nothing) spans more than kMaxColumns.
+  Box scan_box(const float* q, double radius) {
+    int64_t lo[3], hi[3];
+    bool whole = true;
+    for (int a = 0; a < 3; ++a) {
+      lo[a] = std::max<int64_t>(g_.cell(q[a] - radius, a), 0);
+      hi[a] = std::min(g_.cell(q[a] + radius, a), g_.dim[a] - 1);
+      whole = whole && lo[a] == 0 && hi[a] == g_.dim[a] - 1;
+    }
+    n_ = 0;
+    if (lo[0] > hi[0] || lo[1] > hi[1] || lo[2] > hi[2]) return Box::kPart;  // the box misses the grid
+    if (!whole && (hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) > kMaxColumns) return Box::kTooBig;
+    // every point when the box is the whole grid (R may be smaller than the k-th distance)
+    const float r2 = whole ? std::numeric_limits<float>::infinity() : float(radius * radius);
+    Grid::Cache cache;
+    int64_t scanned = 0;
+    const bool small = int64_t(g_.ids.size()) <= kMaxScan;  // a small cloud may be scanned whole
+    for (int64_t x = lo[0]; x <= hi[0]; ++x)
+      for (int64_t y = lo[1]; y <= hi[1]; ++y) {
+        int64_t p0, p1;
+        g_.column(x, y, lo[2], hi[2], p0, p1, cache);
+        if ((scanned += p1 - p0) > kMaxScan && !small) {  // a box over much of a large cloud
+          n_ = 0;
+          return Box::kTooBig;
+        }
+        if (int64_t(buf_.size()) < n_ + (p1 - p0)) buf_.resize(2 * (n_ + (p1 - p0)) + 64);
+        const float* p = g_.xyz.data() + 3 * p0;
+        uint64_t* out = buf_.data();
+        int64_t n = n_;
+        for (int64_t i = p0; i < p1; ++i, p += 3) {
+          const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
+          const float d = dx * dx + dy * dy + dz * dz;
+          uint32_t bits;
+          std::memcpy(&bits, &d, sizeof(float));
+          out[n] = (uint64_t(bits) << 32) | uint64_t(i);
+          n += d <= r2;
+        }
+        n_ = n;
+      }
+    return whole ? Box::kWhole : Box::kPart;
+  }
+};
+
+}  // namespace sciformer_grid
