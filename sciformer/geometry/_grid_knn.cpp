@@ -37,7 +37,9 @@ namespace sciformer_grid {
 // points per axis): a stray point far away would otherwise stretch the cells over the whole
 // cloud (a tail is cut where it reaches farther than the bulk is wide). Points outside lie in
 // the border cells (cells are clamped), which keeps every search exact. Returns false where float32 squared distances would underflow (R < 1e-15).
-bool fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale) {
+enum class Fit { kGood, kUneven, kTooFine };
+
+Fit fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale) {
   double lo[3], hi[3];
   bounds(sup, ns, lo, hi);
   const int64_t stride = std::max<int64_t>(1, ns / std::max<int64_t>(4 * ns / k, 4096));
@@ -45,18 +47,22 @@ bool fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale)
   const int64_t kth_thin = std::max<int64_t>(1, std::min(thin, (k + stride - 1) / stride));
   const int64_t samples = std::min<int64_t>(ns, std::max<int64_t>(8, std::min<int64_t>(32, ns / 64)));
   std::vector<float> d(thin), kth(samples);
-  for (int64_t s = 0; s < samples; ++s) {
-    const float* q = sup + 3 * ((s * ns) / samples);
+  for (int64_t s = 0; s < samples; ++s) {  // samples from the thinned cloud; the k-th besides itself
+    const float* q = sup + 3 * stride * ((s * thin) / samples);
     for (int64_t j = 0; j < thin; ++j) {
       const float* p = sup + 3 * j * stride;
       const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
       d[j] = dx * dx + dy * dy + dz * dz;
     }
-    std::nth_element(d.begin(), d.begin() + (kth_thin - 1), d.end());
-    kth[s] = std::sqrt(d[kth_thin - 1]);
+    const int64_t nth = std::min(kth_thin, thin - 1);
+    std::nth_element(d.begin(), d.begin() + nth, d.end());
+    kth[s] = std::sqrt(d[nth]);
   }
-  std::nth_element(kth.begin(), kth.begin() + samples / 2, kth.end());
+  std::sort(kth.begin(), kth.end());
   double radius = kth[samples / 2];
+  // k-th distances spread over more than 25x (density falling with the square of the range and
+  // more, as around a spinning sensor): one cell size cannot serve them, the KD-tree can
+  const bool even = samples < 16 || kth[samples / 10] <= 0 || kth[samples - 1 - samples / 10] <= 25 * kth[samples / 10];
   if (thin >= 1000) {  // the bulk's box
     const int64_t cut = thin / 1000;
     for (int a = 0; a < 3; ++a) {
@@ -75,7 +81,7 @@ bool fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale)
   build(g, sup, ns, lo, hi, scale * radius);
   g.radius = radius;
   g.far = 4 * radius;
-  return radius >= 1e-15;
+  return radius < 1e-15 ? Fit::kTooFine : even ? Fit::kGood : Fit::kUneven;
 }
 
 // fn(a, e) over chunks [a, a + chunk) of [0, n), taken in turn by `threads` threads: a
@@ -148,7 +154,8 @@ extern "C" {
 // kNN of every query row among the support rows of its own cloud.
 //   sup (N, 3), qry (M, 3): float32, C-contiguous; s_end, q_end (B,): cumulative cloud ends.
 //   same != 0: qry is sup (self-query). out_idx (M, k) int64 global support rows (-1 where a
-//   cloud has fewer than k points), out_dist (M, k) float32, unsettled (M,) int8.
+//   cloud has fewer than k points), out_dist (M, k) float32, unsettled (M,) int8: 0 done,
+//   1 for the caller's search, 2 for the caller's search in double.
 // Returns 0, or 2 when memory ran out, 1 on any other error (never throws into the caller).
 int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const int64_t* q_end, int64_t n_clouds,
                 int64_t k, int64_t same, int64_t max_pass, double scale, int64_t threads, int64_t* out_idx, float* out_dist,
@@ -160,8 +167,13 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
     const int64_t kk = std::min(k, ns);
     const float* cq = qry + 3 * q0;
     Grid g;
-    if (!fitted_grid(g, sup + 3 * s0, ns, kk, scale)) {  // too fine for float32: all to the KD-tree
-      for (int64_t j = 0; j < mq; ++j) unsettled[q0 + j] = 1;
+    const Fit fit = fitted_grid(g, sup + 3 * s0, ns, kk, scale);
+    if (fit != Fit::kGood) {  // all to the KD-tree; in double where float32 squares underflow
+      for (int64_t j = 0; j < mq; ++j) {
+        unsettled[q0 + j] = fit == Fit::kTooFine ? 2 : 1;
+        std::fill(out_idx + (q0 + j) * k, out_idx + (q0 + j + 1) * k, int64_t(-1));
+        std::fill(out_dist + (q0 + j) * k, out_dist + (q0 + j + 1) * k, std::numeric_limits<float>::infinity());
+      }
       return;
     }
     std::vector<int64_t> order;

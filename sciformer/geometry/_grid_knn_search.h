@@ -41,7 +41,7 @@ class Searcher {
       if (box == Box::kTooBig) return false;  // a far outlier of an uneven cloud: the KD-tree's job
       if (n_ >= kk) {
         select(q, kk, pos, d2);
-        radius_ = std::max(1.1 * std::sqrt(double(d2[kk - 1])), 1e-30);
+        radius_ = std::max(1.1 * std::sqrt(double(d2[kk - 1])), 0.25 * g_.radius);  // k = 1: kth is 0
         return true;
       }
       if (box == Box::kWhole) return false;  // never: kk <= the cloud's points
@@ -55,33 +55,27 @@ class Searcher {
   // candidates tied with the kk-th at float32 resolution (a few ulps) ranked again in double,
   // ties by position, so the answer is exact and the same for any order of the input.
   void select(const float* q, int64_t kk, int64_t* pos, float* d2) {
-    int64_t top = std::min(n_, 2 * kk);
-    if (n_ > 2 * kk) std::nth_element(buf_.begin(), buf_.begin() + kk, buf_.begin() + n_);
-    std::sort(buf_.begin(), buf_.begin() + top);
-    float kth;
-    const uint32_t kth_bits = uint32_t(buf_[kk - 1] >> 32);
-    std::memcpy(&kth, &kth_bits, sizeof(float));
-    const float bound = kth * (1 + 1e-6f) + std::numeric_limits<float>::denorm_min() * 4;
-    auto dist_of = [&](uint64_t key) {
+    auto dist_of = [](uint64_t key) {
       float d;
       const uint32_t bits = uint32_t(key >> 32);
       std::memcpy(&d, &bits, sizeof(float));
       return d;
     };
-    if (top < n_ && dist_of(buf_[top - 1]) <= bound) {  // the tie group runs past the sorted part
-      top = std::partition(buf_.begin() + top, buf_.begin() + n_, [&](uint64_t key) { return dist_of(key) <= bound; }) - buf_.begin();
-    }
-    int64_t first = kk - 1;  // the tie group: positions [first, last) of buf_
-    while (first > 0 && dist_of(buf_[first - 1]) >= kth * (1 - 1e-6f) - std::numeric_limits<float>::denorm_min() * 4) --first;
-    int64_t last = kk;
-    while (last < top && dist_of(buf_[last]) <= bound) ++last;
+    if (n_ > kk) std::nth_element(buf_.begin(), buf_.begin() + (kk - 1), buf_.begin() + n_);
+    std::sort(buf_.begin(), buf_.begin() + kk);  // the kk smallest, ascending
+    const float kth = dist_of(buf_[kk - 1]), slack = std::numeric_limits<float>::denorm_min() * 4;
+    const float low = kth * (1 - 1e-6f) - slack, high = kth * (1 + 1e-6f) + slack;
+    int64_t first = kk - 1;  // the tie group: buf_[first, kk) and every later candidate <= high
+    while (first > 0 && dist_of(buf_[first - 1]) >= low) --first;
     exact_.clear();
-    for (int64_t j = first; j < last; ++j) {
-      const int64_t p = int64_t(buf_[j] & 0xffffffffu);
+    auto add = [&](uint64_t key) {
+      const int64_t p = int64_t(key & 0xffffffffu);
       const float* s = g_.xyz.data() + 3 * p;
       const double dx = double(s[0]) - q[0], dy = double(s[1]) - q[1], dz = double(s[2]) - q[2];
       exact_.emplace_back(dx * dx + dy * dy + dz * dz, p);
-    }
+    };
+    for (int64_t j = first; j < n_; ++j)
+      if (j < kk || dist_of(buf_[j]) <= high) add(buf_[j]);
     std::sort(exact_.begin(), exact_.end());
     for (int64_t j = 0; j < kk; ++j) {
       if (j < first) {

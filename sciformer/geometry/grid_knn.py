@@ -14,10 +14,12 @@ backends. How it searches (see the C++ file for the details):
 - Clouds of a batch are searched independently (threads over clouds); one large cloud
   splits its queries over the threads. Threads are C++ threads, not an OpenMP pool.
 
-Queries far outside the bulk of their cloud, queries whose box would have to span more than
-400 columns even on the coarse grids (outliers of a very uneven cloud), and every query of a
-cloud too fine for float32 squared distances (neighbours closer than about 1e-15) come back
-flagged as unsettled; :func:`grid_search` sends them to the KD-tree, in float64.
+Queries far outside the bulk of their cloud, more than 64 queries of a cloud whose box would
+have to span more than 400 columns even on the coarse grids (outliers), every query of a cloud
+whose k-th distances spread over more than 25x (density falling steeply with the range around
+a spinning sensor: one cell size cannot serve it), and every query of a cloud too fine for
+float32 squared distances (neighbours closer than about 1e-15) come back
+flagged as unsettled; :func:`grid_search` sends them to the KD-tree (in float64 for the last).
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes
 
     Shapes:
         query: (M, 3) float32, support: (N, 3) float32
-        -> index: (M, k) int64 global support rows, dist: (M, k) float32, unsettled: (M,) bool
+        -> index: (M, k) int64 global support rows, dist: (M, k) float32, unsettled: (M,) int8
+        (0 answered; 1 to search otherwise; 2 to search otherwise in float64)
     """
     lib = kernel()
     if lib is None:
@@ -77,7 +80,7 @@ def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes
         raise MemoryError(f"grid kNN: out of memory for {m} queries among {sn.shape[0]} points")
     if status:
         raise RuntimeError(f"grid kNN failed (status {status})")
-    return index, dist, unsettled.astype(bool)
+    return index, dist, unsettled
 
 
 def grid_search(query, support, q_sizes: list[int], s_sizes: list[int], k: int, radius: float | None, *, fallback, threads: int):
@@ -98,14 +101,15 @@ def grid_search(query, support, q_sizes: list[int], s_sizes: list[int], k: int, 
     qn = query.to("cpu").contiguous().numpy()
     sn = qn if query is support else support.to("cpu").contiguous().numpy()
     index, dist, unsettled = grid_knn(qn, sn, q_sizes, s_sizes, k, threads)
-    if unsettled.any():
+    if unsettled.any():  # 1: to the fallback, 2: to the fallback in float64
         q_start, s_start = np.cumsum([0, *q_sizes]), np.cumsum([0, *s_sizes])
         cloud = np.searchsorted(q_start, np.flatnonzero(unsettled), side="right") - 1  # cloud of each row
         for b in np.unique(cloud):
             rows = np.flatnonzero(unsettled[q_start[b]:q_start[b + 1]]) + q_start[b]
             cols = slice(s_start[b], s_start[b + 1])
-            # float64: the rows include clouds too fine for float32 squared distances
-            sub_q, sub_s = torch.from_numpy(qn[rows]).double(), torch.from_numpy(sn[cols]).double()
+            sub_q, sub_s = torch.from_numpy(qn[rows]), torch.from_numpy(sn[cols])
+            if (unsettled[rows] == 2).any():  # a cloud too fine for float32 squared distances
+                sub_q, sub_s = sub_q.double(), sub_s.double()
             sub_i, sub_d = fallback(sub_q, sub_s, [len(rows)], [s_sizes[b]], k, None)
             sub_i = sub_i.numpy()
             index[rows] = np.where(sub_i >= 0, sub_i + s_start[b], -1)

@@ -115,13 +115,24 @@ def test_uneven_cloud_uses_coarse_grids_and_the_kd_tree_and_stays_exact():
 def test_threads_and_input_order_do_not_change_the_answer():
     rng = np.random.default_rng(3)
     pts = np.concatenate([rng.random((30_000, 3)), rng.random((3000, 3)) * 50]).astype(np.float32)
-    offset = np.array([20_000, 33_000])
-    one = grid_knn.grid_knn(pts, pts, [20_000, 13_000], [20_000, 13_000], 16, 1)
-    two = grid_knn.grid_knn(pts, pts, [20_000, 13_000], [20_000, 13_000], 16, 2)
+    sizes, offset = [20_000, 13_000], torch.tensor([20_000, 33_000])
+    one = grid_knn.grid_knn(pts, pts, sizes, sizes, 16, 1)
+    two = grid_knn.grid_knn(pts, pts, sizes, sizes, 16, 2)
     assert all(np.array_equal(a, b) for a, b in zip(one, two))
+    assert one[2][:20_000].sum() == 0 and (one[2][20_000:] == 1).all()  # the second cloud is too uneven
+    assert (one[0][one[2] > 0] == -1).all() and np.isinf(one[1][one[2] > 0]).all()
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(knn(torch.from_numpy(pts), None, 16, offset, backend="grid"))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0].index, results[1].index) and torch.equal(results[0].dist, results[1].dist)
     perm = np.concatenate([rng.permutation(20_000), 20_000 + rng.permutation(13_000)])
-    shuffled = knn(torch.from_numpy(pts[perm]), None, 16, torch.from_numpy(offset), backend="grid")
-    np.testing.assert_allclose(shuffled.dist.numpy(), one[1][perm], rtol=1e-6)
+    shuffled = knn(torch.from_numpy(pts[perm]), None, 16, offset, backend="grid")
+    np.testing.assert_allclose(shuffled.dist.numpy(), results[0].dist.numpy()[perm], rtol=1e-6)
 
 
 @needs_kernel
