@@ -54,7 +54,7 @@ def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes
              threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """kNN of each query among the support points of its own cloud (compiled kernel).
 
-    ``query is support`` marks a self-query. Columns past a cloud's size hold -1 / inf;
+    ``query is support`` with the same cloud sizes marks a self-query. Columns past a cloud's size hold -1 / inf;
     rows flagged ``unsettled`` hold -1 / inf too and must be searched otherwise.
 
     Shapes:
@@ -65,7 +65,7 @@ def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes
     lib = kernel()
     if lib is None:
         raise RuntimeError("the compiled grid kNN kernel is not installed")
-    same = query is support
+    same = query is support and list(q_sizes) == list(s_sizes)  # a self-query walks the support's order
     qn = np.ascontiguousarray(query, dtype=np.float32)
     sn = qn if same else np.ascontiguousarray(support, dtype=np.float32)
     m = qn.shape[0]

@@ -175,6 +175,7 @@ def test_without_the_kernel_auto_uses_the_kd_tree_and_grid_is_refused(monkeypatc
 def test_auto_uses_the_kernel_in_3d_and_grid_hands_other_cases_to_the_kd_tree():
     assert resolve_backend("auto", torch.device("cpu"), 3) == "grid"
     assert resolve_backend("auto", torch.device("cpu"), 2) in ("pykdtree", "scipy")
+    assert resolve_backend("auto", torch.device("cpu"), 3, large_cross=True) in ("pykdtree", "scipy")
     rng = np.random.default_rng(4)
     for pts in (rng.random((500, 3)), rng.random((500, 2)).astype(np.float32)):  # float64; 2-D
         x = torch.from_numpy(pts)
