@@ -13,7 +13,7 @@ namespace sciformer_grid {
 
 constexpr int64_t kMaxCells = int64_t(1) << 20;  // cells per axis
 constexpr int64_t kMaxColumns = 400;  // (x, y) columns a query may scan before the KD-tree takes it
-constexpr int64_t kMaxScan = 16384;   // points a query may scan in one box before the KD-tree takes it
+constexpr int64_t kMaxScan = 4096;    // points a query may scan in one box before the KD-tree takes it
 constexpr int64_t kChunk = 512;       // queries per chunk of work (see parallel_for)
 constexpr double kInf = std::numeric_limits<double>::infinity();
 

@@ -25,24 +25,29 @@ class Searcher {
   // The kk nearest support points of q, ascending: positions in the grid's order and squared
   // distances (float; ties broken by position). False if q did not settle within max_pass scans.
   bool query(const float* q, int64_t kk, int64_t* pos, float* d2) {
-    // the largest radius whose box stays within kMaxColumns columns, wherever q lies in its cell
-    double outside = 0;  // distance from q to the grid's box
+    double outside = 0;  // squared distance from q to the box of the bulk of the cloud
     for (int a = 0; a < 3; ++a) {
-      const double below = g_.lo[a] - q[a], above = q[a] - (g_.lo[a] + double(g_.dim[a]) * g_.h);
+      const double below = g_.lo[a] - q[a], above = q[a] - g_.hi[a];  // the bulk's box, not the cells'
+
       outside += std::max({below, above, 0.0}) * std::max({below, above, 0.0});
     }
     // far outside the bulk, a box around q would take in much of the cloud: the KD-tree's job
     if (outside > g_.far * g_.far) return false;
     if (duplicates(q, kk, pos, d2)) return true;
+    // the largest radius whose box stays within kMaxColumns columns, wherever q lies in its cell
     const double widest = (std::floor(std::sqrt(double(kMaxColumns))) - 1) / 2 * g_.h;
     double radius = std::max(std::min(radius_, widest), 1e-6 * g_.h);
     for (int64_t pass = 0; pass < max_pass_; ++pass) {
       const Box box = scan_box(q, radius);
       if (box == Box::kTooBig) return false;  // a far outlier of an uneven cloud: the KD-tree's job
       if (n_ >= kk) {
-        select(q, kk, pos, d2);
-        radius_ = std::max(1.1 * std::sqrt(double(d2[kk - 1])), 0.25 * g_.radius);  // k = 1: kth is 0
-        return true;
+        const double kth2 = select(q, kk, pos, d2);  // exact (double) squared k-th distance
+        if (box == Box::kWhole || kth2 <= radius * radius) {  // every point closer lies in the box
+          radius_ = std::max(1.1 * std::sqrt(kth2), 0.25 * g_.radius);  // k = 1: kth is 0
+          return true;
+        }
+        radius = std::max(std::sqrt(kth2), 1.25 * radius);  // kept by the float slack only
+        continue;
       }
       if (box == Box::kWhole) return false;  // never: kk <= the cloud's points
       radius *= std::min(4.0, std::max(1.25, 1.1 * std::sqrt(double(kk) / double(std::max<int64_t>(n_, 1)))));
@@ -54,7 +59,7 @@ class Searcher {
   // The kk nearest of the n_ candidates in buf_: ranked by float32 squared distance, then the
   // candidates tied with the kk-th at float32 resolution (a few ulps) ranked again in double,
   // ties by position, so the answer is exact and the same for any order of the input.
-  void select(const float* q, int64_t kk, int64_t* pos, float* d2) {
+  double select(const float* q, int64_t kk, int64_t* pos, float* d2) {
     auto dist_of = [](uint64_t key) {
       float d;
       const uint32_t bits = uint32_t(key >> 32);
@@ -84,6 +89,7 @@ class Searcher {
         d2[j] = float(exact_[j - first].first), pos[j] = exact_[j - first].second;
       }
     }
+    return exact_[kk - 1 - first].first;
   }
 
   // Many copies of q (no-data returns stored at one spot): kk points at distance 0 in q's own
@@ -129,7 +135,8 @@ class Searcher {
     if (lo[0] > hi[0] || lo[1] > hi[1] || lo[2] > hi[2]) return Box::kPart;  // the box misses the grid
     if (!whole && (hi[0] - lo[0] + 1) * (hi[1] - lo[1] + 1) > kMaxColumns) return Box::kTooBig;
     // every point when the box is the whole grid (R may be smaller than the k-th distance)
-    const float r2 = whole ? std::numeric_limits<float>::infinity() : float(radius * radius);
+    // a few ulps of slack: a point just inside r whose float32 square rounds up is kept too
+    const float r2 = whole ? std::numeric_limits<float>::infinity() : float(radius * radius) * (1 + 1e-6f);
     Grid::Cache cache;
     int64_t scanned = 0;
     const bool small = int64_t(g_.ids.size()) <= kMaxScan;  // a small cloud may be scanned whole

@@ -19,7 +19,7 @@ have to span more than 400 columns even on the coarse grids (outliers), every qu
 whose k-th distances spread over more than 25x (density falling steeply with the range around
 a spinning sensor: one cell size cannot serve it), and every query of a cloud too fine for
 float32 squared distances (neighbours closer than about 1e-15) come back
-flagged as unsettled; :func:`grid_search` sends them to the KD-tree (in float64 for the last).
+flagged as unsettled; :func:`grid_search` sends them to the KD-tree, in float64 (as exact as the kernel).
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ def grid_search(query, support, q_sizes: list[int], s_sizes: list[int], k: int, 
         for b in np.unique(cloud):
             rows = np.flatnonzero(unsettled[q_start[b]:q_start[b + 1]]) + q_start[b]
             cols = slice(s_start[b], s_start[b + 1])
-            sub_q, sub_s = torch.from_numpy(qn[rows]), torch.from_numpy(sn[cols])
-            if (unsettled[rows] == 2).any():  # a cloud too fine for float32 squared distances
-                sub_q, sub_s = sub_q.double(), sub_s.double()
+            # in float64, so these rows are as exact as the kernel's (and clouds too fine for
+            # float32 squared distances are searched right)
+            sub_q, sub_s = torch.from_numpy(qn[rows]).double(), torch.from_numpy(sn[cols]).double()
             sub_i, sub_d = fallback(sub_q, sub_s, [len(rows)], [s_sizes[b]], k, None)
             sub_i = sub_i.numpy()
             index[rows] = np.where(sub_i >= 0, sub_i + s_start[b], -1)
