@@ -47,14 +47,14 @@ Fit fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale) 
   const int64_t kth_thin = std::max<int64_t>(1, std::min(thin, (k + stride - 1) / stride));
   const int64_t samples = std::min<int64_t>(ns, std::max<int64_t>(8, std::min<int64_t>(32, ns / 64)));
   std::vector<float> d(thin), kth(samples);
-  for (int64_t s = 0; s < samples; ++s) {  // samples from the thinned cloud; the k-th besides itself
+  for (int64_t s = 0; s < samples; ++s) {  // samples from the thinned cloud
     const float* q = sup + 3 * stride * ((s * thin) / samples);
     for (int64_t j = 0; j < thin; ++j) {
       const float* p = sup + 3 * j * stride;
       const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
       d[j] = dx * dx + dy * dy + dz * dz;
     }
-    const int64_t nth = std::min(kth_thin, thin - 1);
+    const int64_t nth = std::min(kth_thin == 1 ? 1 : kth_thin - 1, thin - 1);  // k = 1: not itself
     std::nth_element(d.begin(), d.begin() + nth, d.end());
     kth[s] = std::sqrt(d[nth]);
   }
