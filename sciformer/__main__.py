@@ -1,7 +1,7 @@
 """``python -m sciformer`` runs the command line.
 
-SIGTERM is turned into KeyboardInterrupt before the (slow) imports, so a signal at any
-moment ends the command with one line and exit code 130.
+SIGINT and SIGTERM end the process at once with one line and exit code 130 until main()
+takes over signals (before it, nothing of a run has been written).
 """
 
 import os
@@ -10,10 +10,16 @@ import sys
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    """Before main() runs nothing has been written: end at once (raising inside an import can
+    cross a C++ extension's initialisation, which aborts the process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.write(2, b"sciformer: interrupted\n")
+    os._exit(130)
 
 
 signal.signal(signal.SIGTERM, _interrupt)
+signal.signal(signal.SIGINT, _interrupt)
 try:
     from sciformer.cli import main
 

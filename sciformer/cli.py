@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
         from sciformer.engine.signals import terminate_as_interrupt
 
-        terminate_as_interrupt()
+        terminate_as_interrupt(process=True)
     try:
         return COMMANDS[args.command](args)
     except SciformerError as exc:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
@@ -29,14 +30,42 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+_PROCESS = False  # the command is the process (not main() called by a test or a script)
+
+
+def _in_import(frame: Any) -> bool:
+    """Whether the interrupted code runs inside an import (``importlib._bootstrap`` frames)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
+    if _PROCESS and _in_import(frame):
+        # Raised here, the exception can cross a C++ extension's initialisation (pybind11
+        # calling back into Python while ``import torch.distributed`` runs), which aborts the
+        # process (status -6). An import writes nothing of a run: end now, with the one line.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        os.write(2, b"sciformer: interrupted\n")
+        os._exit(130)
     raise KeyboardInterrupt
 
 
-def terminate_as_interrupt() -> None:
-    """SIGTERM raises KeyboardInterrupt like SIGINT (main thread only)."""
+def terminate_as_interrupt(process: bool = False) -> None:
+    """SIGTERM raises KeyboardInterrupt like SIGINT (main thread only).
+
+    ``process``: the command is the whole process; then SIGINT gets the same handler, and a
+    signal that lands inside an import ends the process at once with exit 130.
+    """
+    global _PROCESS
     if _main_thread():
+        _PROCESS = _PROCESS or process
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        if process:
+            signal.signal(signal.SIGINT, _raise_interrupt)
 
 
 def quiet_signals() -> None:
