@@ -5,7 +5,7 @@ and loaded with ctypes; without it :func:`kernel` is ``None`` and ``knn`` uses t
 backends. How it searches (see the C++ file for the details):
 
 - Each cloud's support points are sorted by cell of a uniform grid whose edge comes from the
-  data (the median k-th neighbour distance of a few sample queries, estimated by brute force
+  data (the median k-th neighbour distance of a few sample points, estimated by brute force
   on a thinned cloud), so a column of cells is one contiguous run of points, found in a
   dense table of cells or columns, or in a hash of 4 x 4 blocks of columns for sparse boxes.
 - Queries are taken in cell order. Each scans the cells of the box ``q +- R`` and keeps the

@@ -44,8 +44,6 @@ Conventions shared with :func:`sciformer.geometry.radius`:
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from typing import NamedTuple
 
 import torch
@@ -60,7 +58,7 @@ from sciformer.geometry._validate import (
     check_positive_int,
     same_device,
 )
-from sciformer.geometry.knn_backends import SEARCH_BACKENDS
+from sciformer.geometry.knn_backends import SEARCH_BACKENDS, has_module
 
 BACKENDS = ("auto", "grid", "kdtree", "pykdtree", "scipy", "brute", "torch_cluster")
 FILLS = ("error", "nearest", "sentinel")
@@ -77,12 +75,6 @@ class Neighbours(NamedTuple):
 
     index: torch.Tensor
     dist: torch.Tensor
-
-
-@functools.cache
-def has_module(name: str) -> bool:
-    """Whether an optional package is importable (checked once, without importing it)."""
-    return importlib.util.find_spec(name) is not None
 
 
 def available_backends() -> dict[str, bool]:

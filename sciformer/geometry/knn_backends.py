@@ -1,25 +1,19 @@
-"""kNN search backends on packed batches: the compiled grid kernel (3-D float32 kNN, see
-:mod:`sciformer.geometry.grid_knn`), KD-trees (pykdtree, scipy) with Morton ordering, chunked
-brute force in torch, and torch_cluster. :func:`sciformer.geometry.knn.knn` picks one.
+"""kNN search backends on packed batches: the compiled grid kernel (:mod:`.grid_knn`), KD-trees
+(pykdtree, scipy) with Morton ordering, chunked brute force in torch, and torch_cluster.
 
-The KD-tree path (radius searches, float64, other dimensions, installs without the kernel,
-and the grid's unsettled rows), measured with ``benchmarks/bench_geometry.py`` on real scans:
+The KD-tree path (radius, float64, other dimensions, no kernel, the grid's unsettled rows):
 
-- **Order from the data.** A cloud whose points come in a scattered order (shuffled, a
-  spinning-LiDAR scan stored beam by beam, uniform samples) is put in Morton (Z-curve) order
-  before the tree is built and queried: neighbouring queries then walk the same nodes and
-  the tree's points lie together in memory (1.7x on a SemanticKITTI scan, 3x on a
-  shuffled airborne tile). A cloud already stored in a spatially coherent order (an
-  airborne tile in scan-line order) gains nothing from it and is searched as it is.
-  :func:`is_scattered` decides on three blocks of consecutive points (about 1 ms); clouds
-  under 8192 points fit in cache and keep their order.
+- **Order from the data.** A cloud in a scattered order (shuffled, a spinning-LiDAR scan
+  stored beam by beam, uniform samples) is put in Morton (Z-curve) order before the tree is
+  built and queried, so neighbouring queries walk the same nodes (1.7x on a SemanticKITTI
+  scan, 3x on a shuffled airborne tile). A coherent order (an airborne tile in scan lines)
+  is kept. :func:`is_scattered` decides on three blocks of consecutive points (about 1 ms);
+  clouds under 8192 points fit in cache and keep their order.
 - **Many small clouds, one tree.** A batch of small clouds (ModelNet, the deeper stages of a
-  point model) is searched with one tree over all clouds, each centred and shifted far
-  apart along the first axis (in float64), so that no neighbour can cross clouds; one call
-  instead of a Python loop and an OpenMP start per cloud.
+  point model) is one tree over all clouds, each centred and shifted far apart along the
+  first axis (in float64), so no neighbour can cross clouds: one call, one OpenMP start.
 - **Threads set with torch's.** pykdtree's OpenMP threads (scipy's ``workers``) follow
-  ``torch.get_num_threads()``, and small searches run on one thread: two thread pools
-  never compete for the same cores.
+  ``torch.get_num_threads()``, one thread for small searches: no two pools on one core.
 """
 
 from __future__ import annotations
@@ -386,8 +380,14 @@ def _torch_cluster_search(query, support, q_sizes, s_sizes, k, radius):
     return index, dist
 
 
+@functools.cache
+def has_module(name: str) -> bool:
+    """Whether an optional package is importable (checked once, without importing it)."""
+    return importlib.util.find_spec(name) is not None
+
+
 def _grid_backend(query, support, q_sizes, s_sizes, k, radius):
-    fallback = _pykdtree_search if importlib.util.find_spec("pykdtree") else _scipy_search
+    fallback = _pykdtree_search if has_module("pykdtree") else _scipy_search  # rows the kernel leaves
     return grid_search(query, support, q_sizes, s_sizes, k, radius, fallback=fallback, threads=search_threads(query.shape[0]))
 
 
