@@ -1,7 +1,8 @@
-"""Build of the optional compiled kNN kernel; everything else is in pyproject.toml.
+"""Build of the optional compiled kernels; everything else is in pyproject.toml.
 
-``optional=True``: where no C++ compiler is present the package installs without it and
-``sciformer.geometry`` falls back to the KD-tree backends.
+``optional=True``: where no C++ compiler is present the package installs without them:
+``sciformer.geometry`` falls back to the KD-tree backends, the fused Point Transformer
+attention and the transition down's neighbour selection to torch operations.
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,22 @@ setup(
             extra_compile_args=["-O3", "-std=c++17", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,
-        )
+        ),
+        Extension(
+            "sciformer.attention._vector_attention",
+            sources=["sciformer/attention/_vector_attention.cpp"],
+            depends=["sciformer/_kernels.h"],
+            language="c++",
+            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp-simd"],
+            optional=True,
+        ),
+        Extension(
+            "sciformer.pointcloud._edge_select_kernel",
+            sources=["sciformer/pointcloud/_edge_select.cpp"],
+            depends=["sciformer/_kernels.h"],
+            language="c++",
+            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math"],
+            optional=True,
+        ),
     ],
 )

@@ -12,6 +12,8 @@ Only (N, k, G) tensors (u and the softmax, G = C / share_planes) are kept betwee
 passes; the (N, k, C) ones (gathered keys and values, position encoding, pre-activation)
 are recomputed chunk by chunk in the backward pass. On CPU, chunks are spread over worker
 threads (``_neighborhood_parallel``); per-worker partial sums are added in worker order.
+The matrix products run in torch; for float32 CPU tensors the elementwise work between
+them runs in the compiled passes of ``_neighborhood_native`` where installed.
 """
 
 from __future__ import annotations
@@ -22,24 +24,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from sciformer.attention._neighborhood_ops import (
-    Workspace,
-    chunk_ranges,
-    gather_into,
-    relu_backward,
-)
-from sciformer.attention._neighborhood_parallel import run_chunks
-
-
-def _sum_parts(parts: list[Tensor | None]) -> Tensor | None:
-    """Add per-worker partial results in worker order (None when not computed)."""
-    if parts[0] is None:
-        return None
-    total = parts[0]
-    for p in parts[1:]:
-        assert p is not None
-        total = total.add_(p)
-    return total
+from sciformer.attention import _neighborhood_native as native
+from sciformer.attention._neighborhood_ops import Workspace, chunk_ranges, gather_into, relu_backward
+from sciformer.attention._neighborhood_parallel import run_chunks, sum_parts
 
 
 def _relu_pre(
@@ -52,6 +39,16 @@ def _relu_pre(
     pre.view(n, k, c).sub_(B[s:e].unsqueeze(1))
     pre.addmm_(P[s:e].reshape(n * k, -1), Wa_t)
     return pre.relu_()
+
+
+def _pre(
+    nat: bool, ws: Workspace, A: Tensor, B: Tensor, P: Tensor, Wa_t: Tensor, ic: Tensor, s: int, e: int
+) -> Tensor:
+    """:func:`_relu_pre`, by the compiled pass when ``nat`` (then Wa_t is contiguous)."""
+    if not nat:
+        return _relu_pre(ws, A, B, P, Wa_t, ic, s, e)
+    out = ws.get("pre", ic.numel(), A.shape[1])  # (n*k, C)
+    return native.pre(ic, A, B[s:e], P[s:e], Wa_t, out)
 
 
 class VectorStage1(torch.autograd.Function):
@@ -89,15 +86,21 @@ class VectorStage1(torch.autograd.Function):
         g = W1.shape[0]
         u = A.new_empty((n, k, g))  # (N, k, G)
         Wa_t, W1_t = Wa.t(), W1.t()
+        nat = native.usable(idx, A, B, P, Wa, W1)
+        if nat:
+            A, B, P, Wa_t = A.contiguous(), B.contiguous(), P.contiguous(), Wa_t.contiguous()
 
         def job(part: list[tuple[int, int]]) -> list[tuple[int, Tensor, Tensor]]:
             ws = Workspace(A)
             moments = []
             for s, e in part:
-                z = _relu_pre(ws, A, B, P, Wa_t, idx[s:e], s, e)  # (m*k, C)
+                z = _pre(nat, ws, A, B, P, Wa_t, idx[s:e], s, e)  # (m*k, C)
                 uc = u[s:e].view(-1, g)  # (m*k, G)
                 torch.mm(z, W1_t, out=uc)
-                if stats_dtype is not None:
+                if stats_dtype is not None and nat:
+                    mc, m2 = native.moments(uc)  # (G,) each, float64
+                    moments.append((uc.shape[0], mc.to(stats_dtype), m2.to(stats_dtype)))
+                elif stats_dtype is not None:
                     mc = uc.mean(0)  # (G,)
                     dc = torch.sub(uc, mc, out=ws.get("dc", *uc.shape))  # (m*k, G)
                     m2 = dc.square_().sum(0)  # (G,)
@@ -117,7 +120,7 @@ class VectorStage1(torch.autograd.Function):
             mean = (counts[:, None] * means).sum(0) / total
             m2 = m2s.sum(0) + (counts[:, None] * (means - mean).square()).sum(0)
             var = m2 / total
-        ctx.chunk = chunk
+        ctx.chunk, ctx.native = chunk, nat
         ctx.save_for_backward(idx, A, B, P, Wa, W1, u, mean)
         return u, mean, var
 
@@ -146,6 +149,7 @@ class VectorStage1(torch.autograd.Function):
         gP = torch.empty_like(P) if nP else None
         Wa_t = Wa.t().contiguous()  # (d, C)
         need_gz = nA or nB or nP or nWa
+        nat = ctx.native
 
         def job(part: list[tuple[int, int]]) -> tuple[Tensor | None, ...]:
             ws = Workspace(A)
@@ -157,7 +161,10 @@ class VectorStage1(torch.autograd.Function):
                 m = e - s
                 gu = ws.get("gu", m * k, g_dim)  # (m*k, G)
                 u_c = u[s:e].view(m * k, g_dim)
-                if grad_u is not None and cv is not None:
+                if nat:
+                    gy = None if grad_u is None else grad_u[s:e].view(m * k, g_dim)
+                    native.grad_u(gy, u_c, cv, const, gu)
+                elif grad_u is not None and cv is not None:
                     torch.addcmul(grad_u[s:e].view(m * k, g_dim), u_c, cv, out=gu)
                 elif grad_u is not None:
                     gu.copy_(grad_u[s:e].view(m * k, g_dim))
@@ -165,14 +172,19 @@ class VectorStage1(torch.autograd.Function):
                     torch.mul(u_c, cv, out=gu)
                 else:
                     gu.zero_()
-                if const is not None:
+                if const is not None and not nat:
                     gu.add_(const)
-                z = _relu_pre(ws, A, B, P, Wa.t(), ic, s, e)  # (m*k, C)
+                z = _pre(nat, ws, A, B, P, Wa_t if nat else Wa.t(), ic, s, e)  # (m*k, C)
                 if gW1 is not None:
                     gW1.addmm_(gu.t(), z)
                 if not need_gz:
                     continue
                 gz = torch.mm(gu, W1, out=ws.get("gz", m * k, c))  # (m*k, C)
+                if nat:
+                    gBc = None if gB is None else gB[s:e]
+                    gPc = None if gP is None else gP[s:e]
+                    native.pre_backward(ic, gz, z, P[s:e], Wa_t, gA, gBc, gWa_t, gPc)
+                    continue
                 gz = relu_backward(gz, z, z)  # z is not needed any more
                 if gA is not None:
                     gA.index_add_(0, ic.reshape(-1), gz)
@@ -186,7 +198,7 @@ class VectorStage1(torch.autograd.Function):
             return gA, gWa_t, gW1
 
         parts = run_chunks(job, chunk_ranges(n, ctx.chunk), A.device)
-        gA, gWa_t, gW1 = (_sum_parts([p[i] for p in parts]) for i in range(3))
+        gA, gWa_t, gW1 = (sum_parts([p[i] for p in parts]) for i in range(3))
         gWa = gWa_t.t().contiguous() if gWa_t is not None else None
         return None, None, None, gA, gB, gP, gWa, gW1
 
@@ -201,9 +213,42 @@ def _values(
     return vals.view(n, k, -1)
 
 
-def _relu_affine(ws: Workspace, u: Tensor, s2: Tensor, t2: Tensor) -> Tensor:
-    """ReLU(s2 * u + t2) in a workspace buffer (m, k, G)."""
-    return torch.addcmul(t2, u, s2, out=ws.get("z", *u.shape)).relu_()
+def _relu_affine(nat: bool, ws: Workspace, u: Tensor, s2: Tensor, t2: Tensor) -> Tensor:
+    """ReLU(s2 * u + t2) in a workspace buffer (m, k, G); by the compiled pass when ``nat``."""
+    out = ws.get("z", *u.shape)
+    if nat:
+        g = u.shape[-1]
+        native.affine_relu(u.view(-1, g), s2, t2, out.view(-1, g))
+        return out
+    return torch.addcmul(t2, u, s2, out=out).relu_()
+
+
+def _weight_backward(
+    nat: bool, ws: Workspace, gw: Tensor, uc: Tensor, s2: Tensor, t2: Tensor, W2: Tensor,
+    gW2: Tensor | None, gs2: Tensor | None, gt2: Tensor | None, gu: Tensor | None, s: int, e: int,
+) -> None:
+    """Backward of ``w = W2 ReLU(s2 * u + t2)`` for one chunk from the logits' gradient gw.
+
+    Shapes:
+        gw, uc: (m, k, G); s2, t2: (G,); W2: (G, G)
+    """
+    m, k, g = uc.shape
+    gw2 = gw.view(m * k, g)
+    z = _relu_affine(nat, ws, uc, s2, t2)  # (m, k, G)
+    if gW2 is not None:
+        gW2.addmm_(gw2.t(), z.view(m * k, g))
+    gz = torch.mm(gw2, W2, out=ws.get("gz", m * k, g)).view(m, k, g)
+    if nat:
+        gu_c = None if gu is None else gu[s:e].view(m * k, g)
+        native.affine_relu_backward(gz.view(m * k, g), z.view(m * k, g), uc.view(m * k, g), s2, gu_c, gs2, gt2)
+        return
+    gz = relu_backward(gz, z, z)  # (m, k, G); z is not needed any more
+    if gt2 is not None:
+        gt2 += gz.view(m * k, g).sum(0)
+    if gs2 is not None:
+        gs2 += torch.mul(gz, uc, out=ws.get("pgp", m, k, g)).view(m * k, g).sum(0)
+    if gu is not None:
+        torch.mul(gz, s2, out=gu[s:e])
 
 
 class VectorStage2(torch.autograd.Function):
@@ -247,15 +292,22 @@ class VectorStage2(torch.autograd.Function):
         y = V.new_empty((n, c))  # (N, C)
         prob = torch.empty_like(u) if keep_prob else None  # (N, k, G)
         Wp_t, W2_t = Wp.t(), W2.t()
+        nat = native.usable(idx, u, s2, t2, W2, V, P, Wp)
+        if nat:
+            u, s2, t2 = u.contiguous(), s2.contiguous(), t2.contiguous()
+            V, P, Wp_t = V.contiguous(), P.contiguous(), Wp_t.contiguous()
 
         def job(part: list[tuple[int, int]]) -> None:
             ws = Workspace(V)
             for s, e in part:
                 ic = idx[s:e]
                 m = e - s
-                z = _relu_affine(ws, u[s:e], s2, t2)  # (m, k, G)
+                z = _relu_affine(nat, ws, u[s:e], s2, t2)  # (m, k, G)
                 w = torch.mm(z.view(m * k, g), W2_t, out=ws.get("w", m * k, g))
                 p = prob[s:e] if prob is not None else ws.get("p", m, k, g)
+                if nat:
+                    native.softmax_aggregate(ic, w.view(m, k, g), V, P[s:e], Wp_t, p, y[s:e])
+                    continue
                 torch.ops.aten._softmax.out(w.view(m, k, g), 1, False, out=p)  # (m, k, G)
                 vals = _values(ws, V, P, Wp_t, ic, s, e)  # (m, k, C)
                 if sh == 1:
@@ -266,7 +318,7 @@ class VectorStage2(torch.autograd.Function):
 
         run_chunks(job, chunk_ranges(n, chunk), V.device)
         y += bp
-        ctx.chunk = chunk
+        ctx.chunk, ctx.native = chunk, nat
         ctx.save_for_backward(idx, u, s2, t2, W2, V, P, Wp, prob)  # prob may be None
         return y
 
@@ -288,6 +340,7 @@ class VectorStage2(torch.autograd.Function):
         Wp_t = Wp.t().contiguous()  # (d, C)
         need_v = nV or nP or nWp
         need_w = nu or ns2 or nt2 or nW2
+        nat = ctx.native
 
         def job(part: list[tuple[int, int]]) -> tuple[Tensor | None, ...]:
             ws = Workspace(V)
@@ -301,7 +354,11 @@ class VectorStage2(torch.autograd.Function):
                 m = e - s
                 p = prob[s:e]  # (m, k, G)
                 gy = grad_y[s:e].unsqueeze(1)  # (m, 1, C)
-                if need_v:
+                if nat:
+                    gw = ws.get("gw", m, k, g) if need_w else None  # (m, k, G)
+                    gPc = None if gP is None else gP[s:e]
+                    native.aggregate_backward(ic, grad_y[s:e], p, V, P[s:e], Wp_t, gV, gWp_t, gPc, gw)
+                if need_v and not nat:
                     # gradient of the aggregated values v_j + W_p P_ij: p (broadcast) * dy
                     gv = ws.get("gv", m, k, c)  # (m, k, C)
                     if sh == 1:
@@ -319,6 +376,10 @@ class VectorStage2(torch.autograd.Function):
                         torch.mm(gv2, Wp_t.t(), out=gP[s:e].view(m * k, d))
                 if not need_w:
                     continue
+                if nat:
+                    assert gw is not None
+                    _weight_backward(True, ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu, s, e)
+                    continue
                 vals = _values(ws, V, P, Wp.t(), ic, s, e)  # (m, k, C)
                 # gradient of p; the constant b_p * dy cancels in the softmax backward
                 if sh == 1:
@@ -328,22 +389,10 @@ class VectorStage2(torch.autograd.Function):
                 # softmax backward: gw = p * (gp - sum_j p gp)
                 pgp = torch.mul(p, gp, out=ws.get("pgp", m, k, g)).sum(1, keepdim=True)
                 gw = gp.sub_(pgp).mul_(p)  # (m, k, G)
-                gw2 = gw.view(m * k, g)
-                uc = u[s:e]
-                z = _relu_affine(ws, uc, s2, t2)  # (m, k, G)
-                if gW2 is not None:
-                    gW2.addmm_(gw2.t(), z.view(m * k, g))
-                gz = torch.mm(gw2, W2, out=ws.get("gz", m * k, g)).view(m, k, g)
-                gz = relu_backward(gz, z, z)  # (m, k, G); z is not needed any more
-                if gt2 is not None:
-                    gt2 += gz.view(m * k, g).sum(0)
-                if gs2 is not None:
-                    gs2 += torch.mul(gz, uc, out=ws.get("pgp", m, k, g)).view(m * k, g).sum(0)
-                if gu is not None:
-                    torch.mul(gz, s2, out=gu[s:e])
+                _weight_backward(False, ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu, s, e)
             return gs2, gt2, gW2, gV, gWp_t
 
         parts = run_chunks(job, chunk_ranges(n, ctx.chunk), V.device)
-        gs2, gt2, gW2, gV, gWp_t = (_sum_parts([p[i] for p in parts]) for i in range(5))
+        gs2, gt2, gW2, gV, gWp_t = (sum_parts([p[i] for p in parts]) for i in range(5))
         gWp = gWp_t.t().contiguous() if gWp_t is not None else None
         return None, None, None, gu, gs2, gt2, gW2, gb2, gV, gP, gWp, gbp

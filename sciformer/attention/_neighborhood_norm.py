@@ -65,11 +65,18 @@ def stats_dtype(device: torch.device) -> torch.dtype:
 
 
 def edge_moments(
-    K: Tensor, Q: Tensor, P: Tensor, Wp: Tensor, bp: Tensor, idx: Tensor, graph: NeighborGraph
+    K: Tensor,
+    Q: Tensor | None,
+    P: Tensor,
+    Wp: Tensor,
+    bp: Tensor | None,
+    idx: Tensor,
+    graph: NeighborGraph | None,
 ) -> tuple[Tensor, Tensor]:
     """Mean and biased variance over all edges of ``a_ij = K[idx_ij] - Q_i + P_ij Wp^T + bp``.
 
-    Differentiable in K, Q, P, Wp, bp; costs O((N + M) C + N k d) plus one sparse product.
+    Differentiable in K, Q, P, Wp, bp; costs O((N + M) C + N k d) plus one sparse product
+    (none without Q: ``Q=None`` and ``bp=None`` drop those terms, and ``graph`` may be None).
     Per-point products run in the input dtype on centred terms (rounding comparable to
     forming a_ij itself); the (C,)-sized partial sums are combined in ``stats_dtype``.
 
@@ -81,29 +88,41 @@ def edge_moments(
     n, k, d = P.shape
     e = n * k
     Pf = P.reshape(e, d)  # (E, d)
-    cnt = graph.counts.to(K.dtype)  # (M,)
+    if graph is not None:
+        cnt = graph.counts.to(K.dtype)  # (M,)
+    else:
+        cnt = torch.bincount(idx.reshape(-1), minlength=K.shape[0]).to(K.dtype)  # (M,)
     mK = (cnt @ K) / e  # (C,)
-    mQ = Q.mean(0)  # (C,)
     mP = Pf.mean(0)  # (d,)
-    Kc, Qc, Pc = K - mK, Q - mQ, Pf - mP  # centred terms
-    mean = (mK - mQ + Wp @ mP + bp).to(sdt)  # (C,)
+    Kc, Pc = K - mK, Pf - mP  # centred terms
+    mean = mK + Wp @ mP  # (C,)
+    if bp is not None:
+        mean = mean + bp
     gram = Pc.t() @ Pc  # (d, d)
     pscat = torch.zeros(K.shape[0], d, dtype=K.dtype, device=K.device).index_add(
         0, idx.reshape(-1), Pc
     )  # (M, d) position terms summed per source
-    psum = Pc.view(n, k, d).sum(1)  # (N, d) position terms summed per query
-    ksum = AdjacencyMatmul.apply(graph.adj, graph.adj_t, Kc)  # (N, C) keys summed per query
     terms = [
         cnt @ Kc.square(),  # sum over edges of K_j^2
-        k * Qc.square().sum(0),  # Q_i^2
         ((Wp @ gram) * Wp).sum(1),  # (W_p P_ij)^2
-        -2.0 * (Qc * ksum).sum(0),  # -2 K_j Q_i
         2.0 * (Kc * (pscat @ Wp.t())).sum(0),  # 2 K_j W_p P_ij
-        -2.0 * (Qc * (psum @ Wp.t())).sum(0),  # -2 Q_i W_p P_ij
     ]  # (C,) each
+    if Q is not None:
+        if graph is None:
+            raise ValueError("edge_moments with Q needs the neighbour graph")
+        mQ = Q.mean(0)  # (C,)
+        Qc = Q - mQ
+        mean = mean - mQ
+        psum = Pc.view(n, k, d).sum(1)  # (N, d) position terms summed per query
+        ksum = AdjacencyMatmul.apply(graph.adj, graph.adj_t, Kc)  # (N, C) keys summed per query
+        terms += [
+            k * Qc.square().sum(0),  # Q_i^2
+            -2.0 * (Qc * ksum).sum(0),  # -2 K_j Q_i
+            -2.0 * (Qc * (psum @ Wp.t())).sum(0),  # -2 Q_i W_p P_ij
+        ]
     sq = torch.stack([t.to(sdt) for t in terms]).sum(0)  # (C,) sum of (a - mean)^2
     var = (sq / e).clamp_min(0.0)
-    return mean, var
+    return mean.to(sdt), var
 
 
 def uses_batch_stats(bn: nn.modules.batchnorm._BatchNorm) -> bool:

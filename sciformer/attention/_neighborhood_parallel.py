@@ -85,3 +85,14 @@ def run_chunks(
 
     futures = [pool.submit(run, ranges[w::workers]) for w in range(workers)]
     return [f.result() for f in futures]
+
+
+def sum_parts(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """Add per-worker partial results in worker order (None when not computed)."""
+    if parts[0] is None:
+        return None
+    total = parts[0]
+    for p in parts[1:]:
+        assert p is not None
+        total = total.add_(p)
+    return total

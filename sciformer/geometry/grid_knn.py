@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.machinery
 from pathlib import Path
 
 import numpy as np
+
+from sciformer.utils.native import load_library
 
 _SCALE = 1.0  # cell edge / median k-th neighbour distance (0.5-1.0 measured alike; 1.0 best on the real tiles)
 _MAX_PASS = 8  # box growths before a query is handed to the KD-tree
@@ -38,16 +39,12 @@ _MAX_PASS = 8  # box growths before a query is handed to the KD-tree
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled library, or ``None`` where the package was installed without it."""
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_grid_knn{suffix}"
-        if path.is_file():
-            lib = ctypes.CDLL(str(path))
-            ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-            lib.sf_grid_knn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_double, i64, ptr, ptr, ptr]
-            lib.sf_grid_knn.restype = ctypes.c_int
-            return lib
-    return None
+    lib = load_library(Path(__file__).parent, "_grid_knn")
+    if lib is not None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.sf_grid_knn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_double, i64, ptr, ptr, ptr]
+        lib.sf_grid_knn.restype = ctypes.c_int
+    return lib
 
 
 def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes: list[int], k: int,
