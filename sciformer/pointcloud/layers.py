@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from sciformer.attention._neighborhood_norm import batchnorm_fold, uses_batch_stats
 from sciformer.errors import ConfigError, DataError
 from sciformer.geometry import (
     fps,
@@ -28,6 +29,7 @@ from sciformer.geometry import (
     offset_to_sizes,
 )
 from sciformer.geometry import segment_mean as segment_mean_by_index
+from sciformer.pointcloud._edge_select import selected_edges
 
 
 class Level(NamedTuple):
@@ -135,14 +137,19 @@ class TransitionDown(nn.Module):
         new_offset = sampled.offset.to(offset.device)  # (B,)
         idx, _ = knn(new_coord, coord, self.k, new_offset, offset, fill="nearest")  # (M, k)
         m, k = idx.shape
-        linear, norm, act = self.mlp
-        # W [p_j - p_i, x_j] = W_p (p_j - p_i) + (W_x x)_j: the feature part runs once per
-        # source point (N rows) instead of once per edge (M k rows).
+        linear, norm, _ = self.mlp
+        # h_ij = W [p_j - p_i, x_j] = (W_x x)_j + W_p (p_j - p_i): the feature part runs once
+        # per source point (N rows) instead of once per edge (M k rows).
         w_p, w_x = linear.weight[:, :3], linear.weight[:, 3:]  # (C_out, 3), (C_out, C_in)
         rel = coord[idx] - new_coord.unsqueeze(1)  # (M, k, 3)
-        h = torch.matmul(rel, w_p.t()) + torch.matmul(feat, w_x.t())[idx]  # (M, k, C_out)
-        h = act(norm(h.view(m * k, -1))).view(m, k, -1)  # (M, k, C_out)
-        return Level(new_coord, h.max(dim=1).values, new_offset)  # (M, C_out)
+        f = torch.matmul(feat, w_x.t())  # (N, C_out)
+        # BatchNorm is s * h + t per channel and ReLU is monotone, so the max over j of
+        # ReLU(s h_ij + t) is ReLU(s h_ij* + t) at the j* maximising sign(s) h_ij: only the
+        # selected edges enter autograd; the statistics over all edges come in the same pass.
+        upward = norm.weight.detach() >= 0 if norm.weight is not None else torch.ones(f.shape[1], dtype=torch.bool, device=f.device)
+        h, mean, var = selected_edges(f, rel, w_p, idx, upward, stats=uses_batch_stats(norm))  # (M, C_out), (C_out,) x 2
+        scale, shift = batchnorm_fold(norm, mean, var, m * k, f.dtype)  # (C_out,) each
+        return Level(new_coord, torch.relu(scale * h + shift), new_offset)  # (M, C_out)
 
 
 class GridPoolDown(nn.Module):

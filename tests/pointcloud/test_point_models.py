@@ -196,6 +196,61 @@ def test_transition_down_shapes_and_stride_one() -> None:
                 torch.testing.assert_close(out.feat[r], expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("train", [True, False])
+def test_transition_down_training_matches_per_edge_mlp_and_max(train: bool, compiled: bool, dtype: torch.dtype, monkeypatch) -> None:
+    """Selected-edge path vs the per-edge oracle ``max_j ReLU(BN(W [p_j - p_i, x_j]))`` with
+    BatchNorm over all edges (torch's own module): output, every gradient, running statistics;
+    BatchNorm scales of both signs (a negative scale selects the minimum edge); with the
+    compiled kernel and with the torch fallback."""
+    import copy
+
+    from sciformer.geometry import knn
+    from sciformer.pointcloud import _edge_select
+
+    if compiled and _edge_select.library() is None:
+        pytest.skip("edge selection kernel not built")
+    if not compiled:
+        monkeypatch.setattr(_edge_select, "_compiled", lambda f: None)
+
+    torch.manual_seed(0)
+    batch = make_batch([70, 130], 6, seed=3)
+    coord, feat = batch["coord"].double(), batch["feat"].double()  # the oracle runs in float64
+    ref = TransitionDown(6, 16, stride=4, k=8).double().train(train)
+    with torch.no_grad():
+        ref.mlp[1].weight.uniform_(-1.5, 1.5)
+        ref.mlp[1].bias.uniform_(-0.5, 0.5)
+        ref.mlp[1].running_var.uniform_(0.5, 2.0)
+    td = copy.deepcopy(ref).to(dtype)
+    x1, x2 = feat.to(dtype).clone().requires_grad_(), feat.clone().requires_grad_()
+    p1, p2 = coord.to(dtype).clone().requires_grad_(), coord.clone().requires_grad_()
+    out = td(Level(p1, x1, batch["offset"]))
+    idx, _ = knn(out.coord.detach().double(), coord, 8, out.offset, batch["offset"], fill="nearest")  # (M, k)
+    linear, norm, act = ref.mlp
+    rows = [int(torch.nonzero((coord.to(dtype) == c).all(1))[0]) for c in out.coord.detach()]
+    new_coord = p2[rows]  # (M, 3)
+    edges = torch.cat([p2[idx] - new_coord.unsqueeze(1), x2[idx]], dim=-1)  # (M, k, 3 + C)
+    m, k = idx.shape
+    expected = act(norm(linear(edges.view(m * k, -1)))).view(m, k, -1).max(dim=1).values  # (M, C_out)
+    rel = 1e-9 if dtype == torch.float64 else 2e-4  # of each tensor's largest entry
+
+    def close(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+        err = (got.double() - want).abs().max().item()
+        assert err <= rel * max(want.abs().max().item(), 1e-3), (name, err, want.abs().max().item())
+
+    close(out.feat, expected, "output")
+    grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out.feat.backward(grad.to(dtype))
+    expected.backward(grad)
+    close(x1.grad, x2.grad, "feat")
+    close(p1.grad, p2.grad, "coord")
+    for (name, a), b in zip(td.named_parameters(), ref.parameters()):
+        close(a.grad, b.grad, name)
+    for (name, a), b in zip(td.named_buffers(), ref.buffers()):
+        close(a, b, name)
+
+
 def test_transition_up_interpolates_constant_features_exactly() -> None:
     fine = make_batch([25, 40], 4, seed=1)
     coarse = make_batch([6, 9], 8, seed=2)
