@@ -247,9 +247,16 @@ def cmd_info(args: argparse.Namespace) -> int:
         except md.PackageNotFoundError:
             version = "absent"
         print(f"  {dist:<16} {version:<12} {purpose}")
+    from sciformer.attention import _neighborhood_native
     from sciformer.geometry import grid_knn
+    from sciformer.pointcloud import _edge_select
 
-    print(f"  {'grid kNN kernel':<16} {'compiled' if grid_knn.kernel() else 'absent':<12} fast CPU 3-D kNN (built at install by a C++ compiler)")
+    for name, lib, purpose in [
+        ("grid kNN kernel", grid_knn.kernel(), "fast CPU 3-D kNN"),
+        ("v1 attn kernel", _neighborhood_native.library(), "fused CPU Point Transformer v1 attention"),
+        ("edge kernel", _edge_select.library(), "CPU transition-down pooling"),
+    ]:  # optional compiled kernels, built at install where a C++ compiler exists
+        print(f"  {name:<16} {'compiled' if lib else 'absent':<12} {purpose} (built at install by a C++ compiler)")
     print("models:")
     for entry in MODELS.entries():
         print(f"  {entry.name:<22} {entry.summary}")
@@ -315,8 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
         from sciformer.engine.signals import terminate_as_interrupt
+        from sciformer.utils.native import keep_freed_memory
 
         terminate_as_interrupt(process=True)
+        if args.command in ("train", "pretrain"):
+            keep_freed_memory()  # training steps reuse their large blocks instead of faulting them in anew
     try:
         return COMMANDS[args.command](args)
     except SciformerError as exc:
