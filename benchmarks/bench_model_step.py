@@ -27,10 +27,6 @@ the table shows the median step time and the median of the per-round ratios.
     python benchmarks/bench_model_step.py --threads 2 --rounds 9
     python benchmarks/bench_model_step.py --cases sciformer,v3   # v1 vs v3 only
     python benchmarks/bench_model_step.py --profile v3     # torch.profiler table of the v3 step
-    python benchmarks/bench_model_step.py --malloc system  # glibc's default allocator settings
-
-Every network runs with glibc keeping freed blocks for reuse, as ``sciformer train`` sets for
-itself (``sciformer.utils.native.keep_freed_memory``), unless ``--malloc system``.
 """
 
 from __future__ import annotations
@@ -50,7 +46,6 @@ from sciformer import config
 from sciformer.contracts import DataInfo, default_data_root
 from sciformer.engine import builders
 from sciformer.geometry import fps, knn, offset_to_batch
-from sciformer.utils.native import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANNELS, STRIDE, K, SHARE = (32, 64, 128, 256), 4, 16, 8
@@ -156,12 +151,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="CASE", help="print torch.profiler's table of one step of CASE and exit")
     parser.add_argument("--v3-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="overrides of experiments/modelnet10_v3.yaml for the v3 case, e.g. model.grid_size=0.06")
-    parser.add_argument("--malloc", choices=["keep", "system"], default="keep",
-                        help="keep: glibc keeps freed blocks, as the sciformer command sets for itself (default); "
-                             "system: glibc's default")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    kept = args.malloc == "keep" and keep_freed_memory()
     torch.manual_seed(0)
     exp = config.load(ROOT / "experiments" / "modelnet10.yaml", [])
     exp_v3 = config.load(ROOT / "experiments" / "modelnet10_v3.yaml", args.v3_set)
@@ -190,7 +181,7 @@ def main() -> None:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=bool(os.environ.get("PROFILE_SHAPES"))) as prof:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(3):
                 steps[args.profile]()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
@@ -206,7 +197,7 @@ def main() -> None:
             cpu[case].append(time.process_time() - c0)
     base, base_cpu = times.get("sciformer"), cpu.get("sciformer")
     print(f"ModelNet10 training step, batch {exp.cfg.train.batch_size} x 512 points, {args.threads} thread(s), "
-          f"{args.rounds} rounds; torch {torch.__version__}; malloc {'keeps freed blocks' if kept else 'system default'}; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
+          f"{args.rounds} rounds; torch {torch.__version__}; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     print("| network | parameters | median s/step | median CPU s/step | vs sciformer (median of per-round ratios, wall / CPU) |")
     print("|---|---:|---:|---:|---:|")
     for case, t in times.items():

@@ -26,14 +26,8 @@ Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradien
   plain-ptv1     as plain, share_planes=8 (PTv1 default; cheaper math, not comparable to pyg)
   sciformer-ptv1 as sciformer, share_planes=8
 
-Allocator: by default every child keeps glibc's freed blocks for reuse
-(``sciformer.utils.native.keep_freed_memory``, what ``sciformer train`` sets for itself);
-``--malloc system`` measures glibc's default, which maps and unmaps blocks above 32 MB on
-every step and page-faults them in anew.
-
 Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
        [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...]
-       [--malloc keep|system]
 """
 
 from __future__ import annotations
@@ -108,19 +102,10 @@ def build_case(case: str, data: str, c: int, chunk: int | None) -> Callable[[], 
     return step
 
 
-def _setup(threads: int, malloc: str) -> None:
-    """Threads and glibc malloc settings of a child (``keep``: as ``sciformer train`` sets them)."""
+def child_memory(case: str, data: str, c: int, threads: int, chunk: int | None) -> dict:
     import torch
 
-    from sciformer.utils.native import keep_freed_memory
-
     torch.set_num_threads(threads)
-    if malloc == "keep":
-        keep_freed_memory()
-
-
-def child_memory(case: str, data: str, c: int, threads: int, chunk: int | None, malloc: str) -> dict:
-    _setup(threads, malloc)
     step = build_case(case, data, c, chunk)
     base = _rss_mb()
     step()  # warm-up
@@ -154,9 +139,11 @@ def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
 
 
 def child_timing(
-    cases: list[str], data: str, c: int, threads: int, rounds: int, chunk: int | None, malloc: str
+    cases: list[str], data: str, c: int, threads: int, rounds: int, chunk: int | None
 ) -> dict:
-    _setup(threads, malloc)
+    import torch
+
+    torch.set_num_threads(threads)
     steps = {case: build_case(case, data, c, chunk) for case in cases}
     for step in steps.values():  # warm-up
         step()
@@ -175,7 +162,7 @@ def child_timing(
 def _child(args: argparse.Namespace, extra: list[str]) -> dict:
     cmd = [
         sys.executable, __file__, "--data", args.data, "--c", str(args.c),
-        "--threads", str(args.threads), "--rounds", str(args.rounds), "--malloc", args.malloc, *extra,
+        "--threads", str(args.threads), "--rounds", str(args.rounds), *extra,
     ]
     if args.chunk:
         cmd += ["--chunk", str(args.chunk)]
@@ -195,8 +182,6 @@ def main() -> None:
     ap.add_argument("--mem-rounds", type=int, default=2, help="fresh subprocesses per case for RSS")
     ap.add_argument("--chunk", type=int, default=None, help="sciformer chunk_size (default auto)")
     ap.add_argument("--cases", default=",".join(ALL_CASES))
-    ap.add_argument("--malloc", choices=["keep", "system"], default="keep",
-                    help="keep: glibc keeps freed blocks, as sciformer train sets for itself (default); system: glibc's default")
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=["memory", "timing"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -206,10 +191,10 @@ def main() -> None:
         sys.exit(f"--cases: unknown {unknown}; expected names from {ALL_CASES}")
 
     if args.child == "memory":
-        print(json.dumps(child_memory(cases[0], args.data, args.c, args.threads, args.chunk, args.malloc)))
+        print(json.dumps(child_memory(cases[0], args.data, args.c, args.threads, args.chunk)))
         return
     if args.child == "timing":
-        res = child_timing(cases, args.data, args.c, args.threads, args.rounds, args.chunk, args.malloc)
+        res = child_timing(cases, args.data, args.c, args.threads, args.rounds, args.chunk)
         print(json.dumps(res))
         return
 
@@ -234,7 +219,7 @@ def main() -> None:
 
     print(
         f"Point Transformer layer fwd+bwd (training), N={args.n}, C={args.c}, k={args.k}, "
-        f"threads={args.threads}; malloc {args.malloc}; time: median of {args.rounds} interleaved rounds; "
+        f"threads={args.threads}; time: median of {args.rounds} interleaved rounds; "
         f"peak: ru_maxrss above baseline, fresh process per case; "
         f"load average {load0:.1f} -> {load1:.1f} (2 cores shared); "
         f"floor = GFLOP of the case's math / peak matmul rate {rate:.1f} GFLOP/s (same process, same threads)"

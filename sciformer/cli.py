@@ -322,11 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
         from sciformer.engine.signals import terminate_as_interrupt
-        from sciformer.utils.native import keep_freed_memory
 
         terminate_as_interrupt(process=True)
-        if args.command in ("train", "pretrain"):
-            keep_freed_memory()  # training steps reuse their large blocks instead of faulting them in anew
     try:
         return COMMANDS[args.command](args)
     except SciformerError as exc:
