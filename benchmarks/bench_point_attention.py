@@ -25,6 +25,10 @@ Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradien
   sciformer      PointTransformerLayer(share_planes=1): same math as pyg, chunked fused path
   plain-ptv1     as plain, share_planes=8 (PTv1 default; cheaper math, not comparable to pyg)
   sciformer-ptv1 as sciformer, share_planes=8
+  sciformer-torch, sciformer-ptv1-torch
+                 as sciformer / sciformer-ptv1 with the compiled elementwise passes switched off
+                 (``_neighborhood_native.enabled = False``: torch operations between the
+                 matrix products), to measure what the compiled passes give in the same run
 
 Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
        [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...]
@@ -43,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-ALL_CASES = ["pyg", "plain", "sciformer", "plain-ptv1", "sciformer-ptv1"]
+ALL_CASES = ["pyg", "plain", "sciformer", "plain-ptv1", "sciformer-ptv1", "sciformer-torch", "sciformer-ptv1-torch"]
 
 
 def _rss_mb() -> float:
@@ -86,15 +90,19 @@ def build_case(case: str, data: str, c: int, chunk: int | None) -> Callable[[], 
     else:
         from sciformer.attention.neighborhood import PointTransformerLayer
 
-        share = 8 if case.endswith("ptv1") else 1
+        share = 8 if "ptv1" in case else 1
         eff = case.startswith("sciformer")
         layer = PointTransformerLayer(
             c, c, share_planes=share, memory_efficient=eff, chunk_size=chunk
         )
         args = (x, pos, idx)
     layer.train()
+    from sciformer.attention import _neighborhood_native
+
+    compiled = not case.endswith("-torch")
 
     def step() -> None:
+        _neighborhood_native.enabled = compiled
         x.grad = pos.grad = None
         layer.zero_grad(set_to_none=True)
         layer(*args).backward(grad)
@@ -115,7 +123,7 @@ def child_memory(case: str, data: str, c: int, threads: int, chunk: int | None) 
 
 def math_of(case: str) -> str:
     """The plain case that computes the same math without recomputation (the floor's work)."""
-    return "plain-ptv1" if case.endswith("ptv1") else "plain"
+    return "plain-ptv1" if "ptv1" in case else "plain"
 
 
 def count_gflop(case: str, data: str, c: int, chunk: int | None) -> float:

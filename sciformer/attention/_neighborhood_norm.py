@@ -92,6 +92,9 @@ def edge_moments(
         cnt = graph.counts.to(K.dtype)  # (M,)
     else:
         cnt = torch.bincount(idx.reshape(-1), minlength=K.shape[0]).to(K.dtype)  # (M,)
+    unread = cnt == 0  # (M,)
+    if bool(unread.any()):  # sources no edge reads take no part (even NaN ones)
+        K = K.masked_fill(unread.unsqueeze(1), 0.0)  # (M, C)
     mK = (cnt @ K) / e  # (C,)
     mP = Pf.mean(0)  # (d,)
     Kc, Pc = K - mK, Pf - mP  # centred terms
@@ -148,8 +151,8 @@ def batchnorm_fold(
     if uses_batch_stats(bn):
         if mean is None or var is None:
             raise ValueError("batch statistics required")
-        if bn.training and count <= 1:
-            raise DataError(f"BatchNorm in training needs more than 1 edge, got {count}")
+        if count <= 1:  # as nn.BatchNorm1d, also in eval without running statistics
+            raise DataError(f"BatchNorm with batch statistics needs more than 1 edge, got {count}")
         if bn.training and bn.track_running_stats and bn.running_mean is not None:
             assert bn.running_var is not None
             factor = 0.0 if bn.momentum is None else bn.momentum

@@ -2,13 +2,13 @@
 //
 // For each point i and channel c: the neighbour j (0 <= j < k) maximising
 // sign[c] * h_ijc with h_ijc = f[idx[i, j], c] + sum_t rel[i, j, t] wT[t, c], without
-// forming the (m, k, C) tensor. The first j wins ties; NaN edges are never selected. With `sum` non-null, the same pass
+// forming the (m, k, C) tensor. The first j wins ties (all tie where sign[c] = 0); the first
+// NaN edge wins over any number, so NaN propagates as through torch.max. With `sum` non-null, the same pass
 // also accumulates, in double, the per-channel sums over all m*k edges of h - shift and
 // (h - shift)^2 (the BatchNorm statistics; `shift` near the mean avoids cancellation).
 // `val` receives h at the selected neighbour (its backward: sf_edge_select_backward_*).
 // Loops over channels are innermost (vectorised; an AVX2+FMA clone is chosen at load time).
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "../_kernels.h"
@@ -26,11 +26,6 @@ inline __attribute__((always_inline)) void select(i64 m, i64 k, i64 C, i64 d, co
     T* __restrict hr = h.data();
     int32_t* __restrict ar = arg.data();
     for (i64 i = 0; i < m; ++i) {
-        for (i64 c = 0; c < C; ++c) {
-            br[c] = -std::numeric_limits<T>::infinity();
-            hbr[c] = std::numeric_limits<T>::quiet_NaN();  // stays NaN if every edge is NaN
-            ar[c] = 0;
-        }
         for (i64 j = 0; j < k; ++j) {
             const i64 e = i * k + j;
             const T* __restrict fr = f + idx[e] * C;
@@ -48,10 +43,18 @@ inline __attribute__((always_inline)) void select(i64 m, i64 k, i64 C, i64 d, co
                     s2r[c] += dv * dv;
                 }
             }
+            if (j == 0) {
+                for (i64 c = 0; c < C; ++c) {
+                    br[c] = sign[c] * hr[c];
+                    hbr[c] = hr[c];
+                    ar[c] = 0;
+                }
+                continue;
+            }
             const int32_t jj = static_cast<int32_t>(j);
             for (i64 c = 0; c < C; ++c) {
                 const T v = sign[c] * hr[c];
-                const bool better = v > br[c];
+                const bool better = (v > br[c]) | (v != v);  // a NaN edge wins; then nothing beats it, as in torch.max
                 br[c] = better ? v : br[c];
                 hbr[c] = better ? hr[c] : hbr[c];
                 ar[c] = better ? jj : ar[c];

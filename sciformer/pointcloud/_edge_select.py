@@ -55,13 +55,13 @@ class SelectedEdges(torch.autograd.Function):
     edges and ``R_src`` sums the offsets of each source's edges.
 
     Shapes:
-        f: (N, C); rel: (M, k, d); w_p: (C, d); idx: (M, k) int64; upward: (C,) bool
+        f: (N, C); rel: (M, k, d); w_p: (C, d); idx: (M, k) int64; direction: (C,) in {1, -1, 0}
         -> h (M, C), mean (C,) float64, var (C,) float64 (zeros without ``stats``)
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, f: Tensor, rel: Tensor, w_p: Tensor, idx: Tensor, upward: Tensor, stats: bool
+        ctx: Any, f: Tensor, rel: Tensor, w_p: Tensor, idx: Tensor, direction: Tensor, stats: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         lib = _compiled(f)
         assert lib is not None
@@ -70,8 +70,8 @@ class SelectedEdges(torch.autograd.Function):
         f, rel, w_p = f.detach().contiguous(), rel.detach().to(f.dtype).contiguous(), w_p.detach().to(f.dtype)
         idx = idx.to(torch.int64).contiguous()
         w_t = w_p.t().contiguous()  # (d, C)
-        sign = torch.where(upward.cpu(), 1.0, -1.0).to(f.dtype)  # (C,)
-        shift = (f.mean(0) + rel.reshape(-1, d).mean(0) @ w_p.t()).contiguous()  # (C,) near the mean
+        sign = direction.cpu().to(f.dtype).contiguous()  # (C,)
+        shift = (f[idx[:, 0]].mean(0) + rel.reshape(-1, d).mean(0) @ w_p.t()).contiguous()  # (C,) near the edge mean
         best = torch.empty(m, c, dtype=torch.int64)
         val = torch.empty(m, c, dtype=f.dtype)
         sums = torch.zeros(2, c, dtype=torch.float64)
@@ -111,8 +111,11 @@ class SelectedEdges(torch.autograd.Function):
             wb = w_p * b.unsqueeze(1)  # (C, d): diag(b) w_p
             flat = rel.reshape(e, d)  # (E, d)
             r_src = torch.zeros(f.shape[0], d, dtype=f.dtype).index_add_(0, idx.reshape(-1), flat)  # (N, d)
+            cnt = torch.bincount(idx.reshape(-1), minlength=f.shape[0]).to(f.dtype).unsqueeze(1)  # (N, 1)
+            unread = cnt == 0  # (N, 1)
+            if bool(unread.any()):  # rows no edge reads take no part (even NaN ones)
+                f = f.masked_fill(unread, 0.0)  # (N, C)
             if g_f is not None:
-                cnt = torch.bincount(idx.reshape(-1), minlength=f.shape[0]).to(f.dtype).unsqueeze(1)  # (N, 1)
                 g_f += (f * b + a).mul_(cnt).add_(r_src @ wb.t())  # (N, C)
             if g_rel is not None:
                 g_rel += (f @ wb)[idx] + rel @ (w_p.t() @ wb) + a @ w_p  # (M, k, d)
@@ -122,23 +125,24 @@ class SelectedEdges(torch.autograd.Function):
 
 
 def selected_edges(
-    f: Tensor, rel: Tensor, w_p: Tensor, idx: Tensor, upward: Tensor, stats: bool
+    f: Tensor, rel: Tensor, w_p: Tensor, idx: Tensor, direction: Tensor, stats: bool
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Per point and channel, ``h_ij = f[idx_ij] + rel_ij w_p^T`` at the neighbour with the
-    largest (``upward``) or smallest value (the first of tied ones; an all-NaN channel gives
-    NaN) and, with ``stats``, the mean and biased variance of h over all edges (``stats_dtype``),
-    else None, None. Differentiable in f, rel, w_p.
+    """Per point and channel, ``h_ij = f[idx_ij] + rel_ij w_p^T`` at the neighbour maximising
+    ``direction * h`` (1: the largest, -1: the smallest, 0: the first neighbour; the first of
+    tied ones; a NaN edge is chosen, so NaN propagates like torch.max) and, with ``stats``, the
+    mean and biased variance of h over all edges (``stats_dtype``), else None, None.
+    Differentiable in f, rel, w_p.
 
     Shapes:
-        f: (N, C); rel: (M, k, d); w_p: (C, d); idx: (M, k); upward: (C,) bool -> (M, C), (C,), (C,)
+        f: (N, C); rel: (M, k, d); w_p: (C, d); idx: (M, k); direction: (C,) -> (M, C), (C,), (C,)
     """
     if _compiled(f) is not None:
-        h, mean, var = SelectedEdges.apply(f, rel, w_p, idx, upward, stats)
+        h, mean, var = SelectedEdges.apply(f, rel, w_p, idx, direction, stats)
         return (h, mean, var) if stats else (h, None, None)
     m, k = idx.shape
     c = f.shape[1]
     with torch.no_grad():
-        sign = torch.where(upward, 1.0, -1.0).to(f.device, f.dtype)  # (C,)
+        sign = direction.to(f.device, f.dtype)  # (C,)
         best = torch.empty(m, c, dtype=torch.int64, device=f.device)
         step = max(1, (1 << 20) // max(1, k * c))
         for s in range(0, m, step):

@@ -146,8 +146,9 @@ class TransitionDown(nn.Module):
         # BatchNorm is s * h + t per channel and ReLU is monotone, so the max over j of
         # ReLU(s h_ij + t) is ReLU(s h_ij* + t) at the j* maximising sign(s) h_ij: only the
         # selected edges enter autograd; the statistics over all edges come in the same pass.
-        upward = norm.weight.detach() >= 0 if norm.weight is not None else torch.ones(f.shape[1], dtype=torch.bool, device=f.device)
-        h, mean, var = selected_edges(f, rel, w_p, idx, upward, stats=uses_batch_stats(norm))  # (M, C_out), (C_out,) x 2
+        # sign(scale) = sign(BN weight); a zero weight ties every edge: the first, as torch.max picks
+        direction = norm.weight.detach().sign() if norm.weight is not None else torch.ones(f.shape[1], device=f.device)
+        h, mean, var = selected_edges(f, rel, w_p, idx, direction, stats=uses_batch_stats(norm))  # (M, C_out), (C_out,) x 2
         scale, shift = batchnorm_fold(norm, mean, var, m * k, f.dtype)  # (C_out,) each
         return Level(new_coord, torch.relu(scale * h + shift), new_offset)  # (M, C_out)
 

@@ -251,6 +251,66 @@ def test_transition_down_training_matches_per_edge_mlp_and_max(train: bool, comp
         close(a, b, name)
 
 
+def _per_edge_oracle(td: TransitionDown, coord: torch.Tensor, feat: torch.Tensor, offset: torch.Tensor, out: Level) -> torch.Tensor:
+    """``max_j act(norm(linear([p_j - p_i, x_j])))`` over the kNN of the sampled points, every edge formed."""
+    from sciformer.geometry import knn
+
+    idx, _ = knn(out.coord.detach(), coord, td.k, out.offset, offset, fill="nearest")  # (M, k)
+    rows = [int(torch.nonzero((coord == c).all(1))[0]) for c in out.coord.detach()]
+    edges = torch.cat([coord[idx] - coord[rows].unsqueeze(1), feat[idx]], dim=-1)  # (M, k, 3 + C)
+    m, k = idx.shape
+    linear, norm, act = td.mlp
+    return act(norm(linear(edges.view(m * k, -1)))).view(m, k, -1).max(dim=1).values  # (M, C_out)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("case", ["unreferenced-nan", "nan-eval", "inf-eval", "zero-bn-weight"])
+def test_transition_down_edge_cases_match_per_edge_oracle(case: str, compiled: bool, monkeypatch) -> None:
+    """A NaN point no sampled point reads changes nothing; NaN and +-inf propagate like torch.max
+    in eval; a zero BatchNorm weight (all edges tie) sends the gradient where torch's max does."""
+    import copy
+
+    from sciformer.pointcloud import _edge_select
+
+    if compiled and _edge_select.library() is None:
+        pytest.skip("edge selection kernel not built")
+    if not compiled:
+        monkeypatch.setattr(_edge_select, "_compiled", lambda f: None)
+    torch.manual_seed(0)
+    batch = make_batch([64], 2, seed=5)
+    coord, feat, offset = batch["coord"].double(), batch["feat"].double(), batch["offset"]
+    k = 1 if case in ("unreferenced-nan", "inf-eval") else 4  # k = 1: 48 of 64 points unread
+    td = TransitionDown(2, 4, stride=4, k=k).double().train(case in ("unreferenced-nan", "zero-bn-weight"))
+    with torch.no_grad():
+        td.mlp[1].weight.copy_(torch.tensor([1.0, -1.0, 0.5, -0.5]) if case != "zero-bn-weight" else torch.zeros(4))
+        td.mlp[1].bias.copy_(torch.tensor([0.1, 0.2, -0.1, 0.3]))
+    ref = copy.deepcopy(td)
+    from sciformer.geometry import knn
+
+    out = td(Level(coord, feat, offset))
+    read = set(knn(out.coord, coord, k, out.offset, offset, fill="nearest")[0].flatten().tolist())  # rows some edge reads
+    assert len(read) < 64 or case != "unreferenced-nan"
+    if case == "unreferenced-nan":
+        feat[next(i for i in range(64) if i not in read)] = float("nan")
+    elif case == "nan-eval":
+        feat[5] = float("nan")
+    elif case == "inf-eval":
+        feat[sorted(read)[0], 0], feat[sorted(read)[1], 1] = float("-inf"), float("inf")
+    td, ref = copy.deepcopy(ref), copy.deepcopy(ref)
+    x1, x2 = feat.clone().requires_grad_(), feat.clone().requires_grad_()
+    got = td(Level(coord, x1, offset)).feat
+    want = _per_edge_oracle(ref, coord, x2, offset, out)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-9, atol=1e-12)
+    for (name, a), b in zip(td.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=1e-9, atol=1e-12, msg=name)
+    if case == "zero-bn-weight":
+        grad = torch.randn(want.shape, dtype=torch.float64)
+        got.backward(grad)
+        want.backward(grad)
+        torch.testing.assert_close(td.mlp[1].weight.grad, ref.mlp[1].weight.grad, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
+
+
 def test_transition_up_interpolates_constant_features_exactly() -> None:
     fine = make_batch([25, 40], 4, seed=1)
     coarse = make_batch([6, 9], 8, seed=2)
