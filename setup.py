@@ -7,6 +7,15 @@ attention and the transition down's neighbour selection to torch operations.
 
 from setuptools import Extension, setup
 
+
+def _point_kernel(name: str, source: str, extra: list[str] | None = None) -> Extension:
+    """An optional float kernel sharing ``sciformer/_kernels.h`` (vectorised loops: fused
+    multiply-adds and if-converted comparisons need -ffp-contract=fast -fno-trapping-math)."""
+    flags = ["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math", *(extra or [])]
+    return Extension(name, sources=[source], depends=["sciformer/_kernels.h"], language="c++",
+                     extra_compile_args=flags, optional=True)
+
+
 setup(
     ext_modules=[
         Extension(
@@ -18,21 +27,7 @@ setup(
             extra_link_args=["-pthread"],
             optional=True,
         ),
-        Extension(
-            "sciformer.attention._vector_attention",
-            sources=["sciformer/attention/_vector_attention.cpp"],
-            depends=["sciformer/_kernels.h"],
-            language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp-simd"],
-            optional=True,
-        ),
-        Extension(
-            "sciformer.pointcloud._edge_select_kernel",
-            sources=["sciformer/pointcloud/_edge_select.cpp"],
-            depends=["sciformer/_kernels.h"],
-            language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math"],
-            optional=True,
-        ),
+        _point_kernel("sciformer.attention._vector_attention", "sciformer/attention/_vector_attention.cpp", ["-fopenmp-simd"]),
+        _point_kernel("sciformer.pointcloud._edge_select_kernel", "sciformer/pointcloud/_edge_select.cpp"),
     ],
 )

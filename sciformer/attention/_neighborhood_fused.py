@@ -25,28 +25,23 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from sciformer.attention import _neighborhood_native as native
-from sciformer.attention._neighborhood_ops import Workspace, chunk_ranges, gather_into, relu_backward
+from sciformer.attention._neighborhood_ops import (
+    Workspace,
+    chunk_ranges,
+    relu_backward,
+    relu_pre,
+    softmax_backward,
+    values_with_position,
+)
 from sciformer.attention._neighborhood_parallel import run_chunks, sum_parts
-
-
-def _relu_pre(
-    ws: Workspace, A: Tensor, B: Tensor, P: Tensor, Wa_t: Tensor, ic: Tensor, s: int, e: int
-) -> Tensor:
-    """ReLU(A[idx] - B_i + P Wa^T) for one chunk, in a workspace buffer (n*k, C)."""
-    n, k = ic.shape
-    c = A.shape[1]
-    pre = gather_into(ws.get("pre", n * k, c), A, ic)  # (n*k, C)
-    pre.view(n, k, c).sub_(B[s:e].unsqueeze(1))
-    pre.addmm_(P[s:e].reshape(n * k, -1), Wa_t)
-    return pre.relu_()
 
 
 def _pre(
     nat: bool, ws: Workspace, A: Tensor, B: Tensor, P: Tensor, Wa_t: Tensor, ic: Tensor, s: int, e: int
 ) -> Tensor:
-    """:func:`_relu_pre`, by the compiled pass when ``nat`` (then Wa_t is contiguous)."""
+    """:func:`relu_pre` (``_neighborhood_ops``), by the compiled pass when ``nat`` (Wa_t contiguous)."""
     if not nat:
-        return _relu_pre(ws, A, B, P, Wa_t, ic, s, e)
+        return relu_pre(ws, A, B, P, Wa_t, ic, s, e)
     out = ws.get("pre", ic.numel(), A.shape[1])  # (n*k, C)
     return native.pre(ic, A, B[s:e], P[s:e], Wa_t, out)
 
@@ -174,7 +169,7 @@ class VectorStage1(torch.autograd.Function):
                     gu.zero_()
                 if const is not None and not nat:
                     gu.add_(const)
-                z = _pre(nat, ws, A, B, P, Wa_t if nat else Wa.t(), ic, s, e)  # (m*k, C)
+                z = _pre(nat, ws, A, B, P, Wa_t, ic, s, e)  # (m*k, C)
                 if gW1 is not None:
                     gW1.addmm_(gu.t(), z)
                 if not need_gz:
@@ -201,16 +196,6 @@ class VectorStage1(torch.autograd.Function):
         gA, gWa_t, gW1 = (sum_parts([p[i] for p in parts]) for i in range(3))
         gWa = gWa_t.t().contiguous() if gWa_t is not None else None
         return None, None, None, gA, gB, gP, gWa, gW1
-
-
-def _values(
-    ws: Workspace, V: Tensor, P: Tensor, Wp_t: Tensor, ic: Tensor, s: int, e: int
-) -> Tensor:
-    """V[idx] + P Wp^T for one chunk, in a workspace buffer (n, k, C)."""
-    n, k = ic.shape
-    vals = gather_into(ws.get("vals", n * k, V.shape[1]), V, ic)  # (n*k, C)
-    vals.addmm_(P[s:e].reshape(n * k, -1), Wp_t)  # + W_p P_ij
-    return vals.view(n, k, -1)
 
 
 def _relu_affine(nat: bool, ws: Workspace, u: Tensor, s2: Tensor, t2: Tensor) -> Tensor:
@@ -309,7 +294,7 @@ class VectorStage2(torch.autograd.Function):
                     native.softmax_aggregate(ic, w.view(m, k, g), V, P[s:e], Wp_t, p, y[s:e])
                     continue
                 torch.ops.aten._softmax.out(w.view(m, k, g), 1, False, out=p)  # (m, k, G)
-                vals = _values(ws, V, P, Wp_t, ic, s, e)  # (m, k, C)
+                vals = values_with_position(ws, V, P, Wp_t, ic, s, e)  # (m, k, C)
                 if sh == 1:
                     vals.mul_(p)
                 else:
@@ -376,20 +361,10 @@ class VectorStage2(torch.autograd.Function):
                         torch.mm(gv2, Wp_t.t(), out=gP[s:e].view(m * k, d))
                 if not need_w:
                     continue
-                if nat:
-                    assert gw is not None
-                    _weight_backward(True, ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu, s, e)
-                    continue
-                vals = _values(ws, V, P, Wp.t(), ic, s, e)  # (m, k, C)
-                # gradient of p; the constant b_p * dy cancels in the softmax backward
-                if sh == 1:
-                    gp = vals.mul_(gy)  # (m, k, G)
-                else:
-                    gp = vals.view(m, k, sh, g).mul_(gy.view(m, 1, sh, g)).sum(2)
-                # softmax backward: gw = p * (gp - sum_j p gp)
-                pgp = torch.mul(p, gp, out=ws.get("pgp", m, k, g)).sum(1, keepdim=True)
-                gw = gp.sub_(pgp).mul_(p)  # (m, k, G)
-                _weight_backward(False, ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu, s, e)
+                if not nat:
+                    gw = softmax_backward(ws, V, P, Wp_t, ic, p, gy, s, e)  # (m, k, G)
+                assert gw is not None
+                _weight_backward(nat, ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu, s, e)
             return gs2, gt2, gW2, gV, gWp_t
 
         parts = run_chunks(job, chunk_ranges(n, ctx.chunk), V.device)

@@ -36,13 +36,7 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled library, or ``None`` where the package was installed without it."""
-    lib = load_library(Path(__file__).parent, "_vector_attention")
-    if lib is not None:
-        for name, (ints, ptrs) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.c_int64] * ints + [ctypes.c_void_p] * ptrs
-            fn.restype = None
-    return lib
+    return load_library(Path(__file__).parent, "_vector_attention", _SIGNATURES)
 
 
 def usable(idx: Tensor, *tensors: Tensor) -> bool:

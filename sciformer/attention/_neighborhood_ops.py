@@ -162,6 +162,49 @@ def relu_backward(grad: Tensor, out: Tensor, buf: Tensor) -> Tensor:
     return torch.ops.aten.threshold_backward.grad_input(grad, out, 0, grad_input=buf)
 
 
+def relu_pre(
+    ws: Workspace, A: Tensor, B: Tensor, P: Tensor, Wa_t: Tensor, ic: Tensor, s: int, e: int
+) -> Tensor:
+    """ReLU(A[idx] - B_i + P Wa^T) for one chunk, in a workspace buffer (n*k, C)."""
+    n, k = ic.shape
+    c = A.shape[1]
+    pre = gather_into(ws.get("pre", n * k, c), A, ic)  # (n*k, C)
+    pre.view(n, k, c).sub_(B[s:e].unsqueeze(1))
+    pre.addmm_(P[s:e].reshape(n * k, -1), Wa_t)
+    return pre.relu_()
+
+
+def values_with_position(
+    ws: Workspace, V: Tensor, P: Tensor, Wp_t: Tensor, ic: Tensor, s: int, e: int
+) -> Tensor:
+    """V[idx] + P Wp^T for one chunk, in a workspace buffer (n, k, C)."""
+    n, k = ic.shape
+    vals = gather_into(ws.get("vals", n * k, V.shape[1]), V, ic)  # (n*k, C)
+    vals.addmm_(P[s:e].reshape(n * k, -1), Wp_t)  # + W_p P_ij
+    return vals.view(n, k, -1)
+
+
+def softmax_backward(
+    ws: Workspace, V: Tensor, P: Tensor, Wp_t: Tensor, ic: Tensor, p: Tensor, gy: Tensor, s: int, e: int
+) -> Tensor:
+    """Gradient of the logits w from the output's gradient ``gy`` (torch operations).
+
+    Shapes:
+        p: (m, k, G); gy: (m, 1, C) -> (m, k, G)
+    """
+    m, k, g = p.shape
+    sh = gy.shape[-1] // g
+    vals = values_with_position(ws, V, P, Wp_t, ic, s, e)  # (m, k, C)
+    # gradient of p; the constant b_p * dy cancels in the softmax backward
+    if sh == 1:
+        gp = vals.mul_(gy)  # (m, k, G)
+    else:
+        gp = vals.view(m, k, sh, g).mul_(gy.view(m, 1, sh, g)).sum(2)
+    # softmax backward: gw = p * (gp - sum_j p gp)
+    pgp = torch.mul(p, gp, out=ws.get("pgp", m, k, g)).sum(1, keepdim=True)
+    return gp.sub_(pgp).mul_(p)  # (m, k, G)
+
+
 class AdjacencyMatmul(torch.autograd.Function):
     """``adj @ X`` with a constant sparse CSR adjacency and its transpose for backward.
 

@@ -25,17 +25,18 @@ from torch.autograd.function import once_differentiable
 from sciformer.attention._neighborhood_norm import edge_moments
 from sciformer.utils.native import load_library, pointer
 
+_SIGNATURES = {  # name: (integer arguments, pointer arguments)
+    "sf_edge_select_f32": (4, 10),
+    "sf_edge_select_f64": (4, 10),
+    "sf_edge_select_backward_f32": (4, 8),
+    "sf_edge_select_backward_f64": (4, 8),
+}
+
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or ``None`` where the package was installed without it."""
-    lib = load_library(Path(__file__).parent, "_edge_select_kernel")
-    if lib is not None:
-        for name in ("sf_edge_select_f32", "sf_edge_select_f64"):
-            getattr(lib, name).argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 10
-        for name in ("sf_edge_select_backward_f32", "sf_edge_select_backward_f64"):
-            getattr(lib, name).argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8
-    return lib
+    return load_library(Path(__file__).parent, "_edge_select_kernel", _SIGNATURES)
 
 
 def _compiled(f: Tensor) -> ctypes.CDLL | None:

@@ -12,16 +12,24 @@ from pathlib import Path
 from typing import Any
 
 
-def load_library(package_dir: Path, stem: str) -> ctypes.CDLL | None:
+def load_library(
+    package_dir: Path, stem: str, signatures: dict[str, tuple[int, int]] | None = None
+) -> ctypes.CDLL | None:
     """The compiled library ``<package_dir>/<stem><extension suffix>``, or ``None`` if absent.
 
-    ctypes releases the GIL during every foreign call, so worker threads can run them at once.
-    Callers cache the result and declare argument types.
+    ``signatures`` maps functions returning void to their argument counts: (int64 arguments,
+    then pointer arguments). ctypes releases the GIL during every foreign call, so worker
+    threads can run them at once. Callers cache the result.
     """
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = package_dir / f"{stem}{suffix}"
         if path.is_file():
-            return ctypes.CDLL(str(path))
+            lib = ctypes.CDLL(str(path))
+            for name, (ints, ptrs) in (signatures or {}).items():
+                fn = getattr(lib, name)
+                fn.argtypes = [ctypes.c_int64] * ints + [ctypes.c_void_p] * ptrs
+                fn.restype = None
+            return lib
     return None
 
 
