@@ -8,11 +8,14 @@ attention and the transition down's neighbour selection to torch operations.
 from setuptools import Extension, setup
 
 
-def _point_kernel(name: str, source: str, extra: list[str] | None = None) -> Extension:
+def _point_kernel(
+    name: str, source: str, extra: list[str] | None = None, extra_depends: list[str] | None = None
+) -> Extension:
     """An optional float kernel sharing ``sciformer/_kernels.h`` (vectorised loops: fused
     multiply-adds and if-converted comparisons need -ffp-contract=fast -fno-trapping-math)."""
     flags = ["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math", *(extra or [])]
-    return Extension(name, sources=[source], depends=["sciformer/_kernels.h"], language="c++",
+    depends = ["sciformer/_kernels.h", *(extra_depends or [])]
+    return Extension(name, sources=[source], depends=depends, language="c++",
                      extra_compile_args=flags, optional=True)
 
 
@@ -27,7 +30,12 @@ setup(
             extra_link_args=["-pthread"],
             optional=True,
         ),
-        _point_kernel("sciformer.attention._vector_attention", "sciformer/attention/_vector_attention.cpp", ["-fopenmp-simd"]),
+        _point_kernel(
+            "sciformer.attention._vector_attention",
+            "sciformer/attention/_vector_attention.cpp",
+            ["-fopenmp-simd"],
+            ["sciformer/attention/_vector_attention_passes.h", "sciformer/attention/_vector_attention_gemm.h"],
+        ),
         _point_kernel("sciformer.pointcloud._edge_select_kernel", "sciformer/pointcloud/_edge_select.cpp"),
     ],
 )

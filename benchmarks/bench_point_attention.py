@@ -26,9 +26,9 @@ Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradien
   plain-ptv1     as plain, share_planes=8 (PTv1 default; cheaper math, not comparable to pyg)
   sciformer-ptv1 as sciformer, share_planes=8
   sciformer-torch, sciformer-ptv1-torch
-                 as sciformer / sciformer-ptv1 with the compiled elementwise passes switched off
-                 (``_neighborhood_native.enabled = False``: torch operations between the
-                 matrix products), to measure what the compiled passes give in the same run
+                 as sciformer / sciformer-ptv1 with the compiled stages switched off
+                 (``_neighborhood_native.enabled = False``: torch operations and BLAS matrix
+                 products per chunk), to measure what the compiled stages give in the same run
 
 Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
        [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...]

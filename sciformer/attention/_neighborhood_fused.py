@@ -12,8 +12,9 @@ Only (N, k, G) tensors (u and the softmax, G = C / share_planes) are kept betwee
 passes; the (N, k, C) ones (gathered keys and values, position encoding, pre-activation)
 are recomputed chunk by chunk in the backward pass. On CPU, chunks are spread over worker
 threads (``_neighborhood_parallel``); per-worker partial sums are added in worker order.
-The matrix products run in torch; for float32 CPU tensors the elementwise work between
-them runs in the compiled passes of ``_neighborhood_native`` where installed.
+For float32 CPU tensors each chunk of a stage is one call of ``_neighborhood_native``
+where installed (elementwise passes and matrix products, tile by tile in cache);
+otherwise torch operations run per chunk.
 """
 
 from __future__ import annotations
@@ -34,16 +35,7 @@ from sciformer.attention._neighborhood_ops import (
     values_with_position,
 )
 from sciformer.attention._neighborhood_parallel import run_chunks, sum_parts
-
-
-def _pre(
-    nat: bool, ws: Workspace, A: Tensor, B: Tensor, P: Tensor, Wa_t: Tensor, ic: Tensor, s: int, e: int
-) -> Tensor:
-    """:func:`relu_pre` (``_neighborhood_ops``), by the compiled pass when ``nat`` (Wa_t contiguous)."""
-    if not nat:
-        return relu_pre(ws, A, B, P, Wa_t, ic, s, e)
-    out = ws.get("pre", ic.numel(), A.shape[1])  # (n*k, C)
-    return native.pre(ic, A, B[s:e], P[s:e], Wa_t, out)
+from sciformer.utils.native import empty_large
 
 
 class VectorStage1(torch.autograd.Function):
@@ -79,23 +71,29 @@ class VectorStage1(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor]:
         n, k = idx.shape
         g = W1.shape[0]
-        u = A.new_empty((n, k, g))  # (N, k, G)
+        u = empty_large(A, (n, k, g))  # (N, k, G)
         Wa_t, W1_t = Wa.t(), W1.t()
         nat = native.usable(idx, A, B, P, Wa, W1)
         if nat:
-            A, B, P, Wa_t = A.contiguous(), B.contiguous(), P.contiguous(), Wa_t.contiguous()
+            A, B, P = A.contiguous(), B.contiguous(), P.contiguous()
+            Wa_t, W1_t = Wa_t.contiguous(), W1_t.contiguous()
 
         def job(part: list[tuple[int, int]]) -> list[tuple[int, Tensor, Tensor]]:
             ws = Workspace(A)
             moments = []
             for s, e in part:
-                z = _pre(nat, ws, A, B, P, Wa_t, idx[s:e], s, e)  # (m*k, C)
                 uc = u[s:e].view(-1, g)  # (m*k, G)
+                if nat:
+                    mom = None
+                    if stats_dtype is not None:
+                        mom = (A.new_empty(g, dtype=torch.float64), A.new_empty(g, dtype=torch.float64))
+                    native.stage1_forward(idx[s:e], A, B[s:e], P[s:e], Wa_t, W1_t, u[s:e], mom)
+                    if mom is not None:
+                        moments.append((uc.shape[0], mom[0].to(stats_dtype), mom[1].to(stats_dtype)))
+                    continue
+                z = relu_pre(ws, A, B, P, Wa_t, idx[s:e], s, e)  # (m*k, C)
                 torch.mm(z, W1_t, out=uc)
-                if stats_dtype is not None and nat:
-                    mc, m2 = native.moments(uc)  # (G,) each, float64
-                    moments.append((uc.shape[0], mc.to(stats_dtype), m2.to(stats_dtype)))
-                elif stats_dtype is not None:
+                if stats_dtype is not None:
                     mc = uc.mean(0)  # (G,)
                     dc = torch.sub(uc, mc, out=ws.get("dc", *uc.shape))  # (m*k, G)
                     m2 = dc.square_().sum(0)  # (G,)
@@ -145,6 +143,8 @@ class VectorStage1(torch.autograd.Function):
         Wa_t = Wa.t().contiguous()  # (d, C)
         need_gz = nA or nB or nP or nWa
         nat = ctx.native
+        if nat:
+            W1 = W1.contiguous()
 
         def job(part: list[tuple[int, int]]) -> tuple[Tensor | None, ...]:
             ws = Workspace(A)
@@ -154,12 +154,15 @@ class VectorStage1(torch.autograd.Function):
             for s, e in part:
                 ic = idx[s:e]
                 m = e - s
+                if nat:
+                    grads = {"gW1": gW1, "gA": gA, "gWaT": gWa_t}
+                    grads |= {"gB": None if gB is None else gB[s:e], "gP": None if gP is None else gP[s:e]}
+                    gy = None if grad_u is None else grad_u[s:e]
+                    native.stage1_backward(ic, gy, u[s:e], cv, const, A, B[s:e], P[s:e], Wa_t, W1, grads)
+                    continue
                 gu = ws.get("gu", m * k, g_dim)  # (m*k, G)
                 u_c = u[s:e].view(m * k, g_dim)
-                if nat:
-                    gy = None if grad_u is None else grad_u[s:e].view(m * k, g_dim)
-                    native.grad_u(gy, u_c, cv, const, gu)
-                elif grad_u is not None and cv is not None:
+                if grad_u is not None and cv is not None:
                     torch.addcmul(grad_u[s:e].view(m * k, g_dim), u_c, cv, out=gu)
                 elif grad_u is not None:
                     gu.copy_(grad_u[s:e].view(m * k, g_dim))
@@ -167,19 +170,14 @@ class VectorStage1(torch.autograd.Function):
                     torch.mul(u_c, cv, out=gu)
                 else:
                     gu.zero_()
-                if const is not None and not nat:
+                if const is not None:
                     gu.add_(const)
-                z = _pre(nat, ws, A, B, P, Wa_t, ic, s, e)  # (m*k, C)
+                z = relu_pre(ws, A, B, P, Wa_t, ic, s, e)  # (m*k, C)
                 if gW1 is not None:
                     gW1.addmm_(gu.t(), z)
                 if not need_gz:
                     continue
                 gz = torch.mm(gu, W1, out=ws.get("gz", m * k, c))  # (m*k, C)
-                if nat:
-                    gBc = None if gB is None else gB[s:e]
-                    gPc = None if gP is None else gP[s:e]
-                    native.pre_backward(ic, gz, z, P[s:e], Wa_t, gA, gBc, gWa_t, gPc)
-                    continue
                 gz = relu_backward(gz, z, z)  # z is not needed any more
                 if gA is not None:
                     gA.index_add_(0, ic.reshape(-1), gz)
@@ -198,42 +196,29 @@ class VectorStage1(torch.autograd.Function):
         return None, None, None, gA, gB, gP, gWa, gW1
 
 
-def _relu_affine(nat: bool, ws: Workspace, u: Tensor, s2: Tensor, t2: Tensor) -> Tensor:
-    """ReLU(s2 * u + t2) in a workspace buffer (m, k, G); by the compiled pass when ``nat``."""
-    out = ws.get("z", *u.shape)
-    if nat:
-        g = u.shape[-1]
-        native.affine_relu(u.view(-1, g), s2, t2, out.view(-1, g))
-        return out
-    return torch.addcmul(t2, u, s2, out=out).relu_()
-
-
 def _weight_backward(
-    nat: bool, ws: Workspace, gw: Tensor, uc: Tensor, s2: Tensor, t2: Tensor, W2: Tensor,
-    gW2: Tensor | None, gs2: Tensor | None, gt2: Tensor | None, gu: Tensor | None, s: int, e: int,
+    ws: Workspace, gw: Tensor, uc: Tensor, s2: Tensor, t2: Tensor, W2: Tensor,
+    gW2: Tensor | None, gs2: Tensor | None, gt2: Tensor | None, gu: Tensor | None,
 ) -> None:
-    """Backward of ``w = W2 ReLU(s2 * u + t2)`` for one chunk from the logits' gradient gw.
+    """Backward of ``w = W2 ReLU(s2 * u + t2)`` for one chunk from the logits' gradient gw
+    (torch operations; gW2, gs2, gt2 accumulate, gu is set).
 
     Shapes:
-        gw, uc: (m, k, G); s2, t2: (G,); W2: (G, G)
+        gw, uc, gu: (m, k, G); s2, t2: (G,); W2: (G, G)
     """
     m, k, g = uc.shape
     gw2 = gw.view(m * k, g)
-    z = _relu_affine(nat, ws, uc, s2, t2)  # (m, k, G)
+    z = torch.addcmul(t2, uc, s2, out=ws.get("z", m, k, g)).relu_()  # (m, k, G)
     if gW2 is not None:
         gW2.addmm_(gw2.t(), z.view(m * k, g))
     gz = torch.mm(gw2, W2, out=ws.get("gz", m * k, g)).view(m, k, g)
-    if nat:
-        gu_c = None if gu is None else gu[s:e].view(m * k, g)
-        native.affine_relu_backward(gz.view(m * k, g), z.view(m * k, g), uc.view(m * k, g), s2, gu_c, gs2, gt2)
-        return
     gz = relu_backward(gz, z, z)  # (m, k, G); z is not needed any more
     if gt2 is not None:
         gt2 += gz.view(m * k, g).sum(0)
     if gs2 is not None:
         gs2 += torch.mul(gz, uc, out=ws.get("pgp", m, k, g)).view(m * k, g).sum(0)
     if gu is not None:
-        torch.mul(gz, s2, out=gu[s:e])
+        torch.mul(gz, s2, out=gu)
 
 
 class VectorStage2(torch.autograd.Function):
@@ -275,24 +260,24 @@ class VectorStage2(torch.autograd.Function):
         c = Wp.shape[0]
         sh = c // g
         y = V.new_empty((n, c))  # (N, C)
-        prob = torch.empty_like(u) if keep_prob else None  # (N, k, G)
+        prob = empty_large(u, u.shape) if keep_prob else None  # (N, k, G)
         Wp_t, W2_t = Wp.t(), W2.t()
         nat = native.usable(idx, u, s2, t2, W2, V, P, Wp)
         if nat:
             u, s2, t2 = u.contiguous(), s2.contiguous(), t2.contiguous()
-            V, P, Wp_t = V.contiguous(), P.contiguous(), Wp_t.contiguous()
+            V, P, Wp_t, W2_t = V.contiguous(), P.contiguous(), Wp_t.contiguous(), W2_t.contiguous()
 
         def job(part: list[tuple[int, int]]) -> None:
             ws = Workspace(V)
             for s, e in part:
                 ic = idx[s:e]
                 m = e - s
-                z = _relu_affine(nat, ws, u[s:e], s2, t2)  # (m, k, G)
-                w = torch.mm(z.view(m * k, g), W2_t, out=ws.get("w", m * k, g))
                 p = prob[s:e] if prob is not None else ws.get("p", m, k, g)
                 if nat:
-                    native.softmax_aggregate(ic, w.view(m, k, g), V, P[s:e], Wp_t, p, y[s:e])
+                    native.stage2_forward(ic, u[s:e], s2, t2, W2_t, V, P[s:e], Wp_t, p, y[s:e])
                     continue
+                z = torch.addcmul(t2, u[s:e], s2, out=ws.get("z", m, k, g)).relu_()  # (m, k, G)
+                w = torch.mm(z.view(m * k, g), W2_t, out=ws.get("w", m * k, g))
                 torch.ops.aten._softmax.out(w.view(m, k, g), 1, False, out=p)  # (m, k, G)
                 vals = values_with_position(ws, V, P, Wp_t, ic, s, e)  # (m, k, C)
                 if sh == 1:
@@ -318,7 +303,7 @@ class VectorStage2(torch.autograd.Function):
         c, d = Wp.shape
         sh = c // g
         grad_y = grad_y.contiguous()
-        gu = torch.empty_like(u) if nu else None
+        gu = empty_large(u, u.shape) if nu else None
         gP = torch.empty_like(P) if nP else None
         gb2 = W2.new_zeros(W2.shape[0]) if nb2 else None  # the softmax is shift invariant
         gbp = grad_y.sum(0) if nbp else None
@@ -326,6 +311,8 @@ class VectorStage2(torch.autograd.Function):
         need_v = nV or nP or nWp
         need_w = nu or ns2 or nt2 or nW2
         nat = ctx.native
+        if nat:
+            W2 = W2.contiguous()
 
         def job(part: list[tuple[int, int]]) -> tuple[Tensor | None, ...]:
             ws = Workspace(V)
@@ -338,12 +325,14 @@ class VectorStage2(torch.autograd.Function):
                 ic = idx[s:e]
                 m = e - s
                 p = prob[s:e]  # (m, k, G)
-                gy = grad_y[s:e].unsqueeze(1)  # (m, 1, C)
+                gu_c = None if gu is None else gu[s:e]
                 if nat:
-                    gw = ws.get("gw", m, k, g) if need_w else None  # (m, k, G)
-                    gPc = None if gP is None else gP[s:e]
-                    native.aggregate_backward(ic, grad_y[s:e], p, V, P[s:e], Wp_t, gV, gWp_t, gPc, gw)
-                if need_v and not nat:
+                    grads = {"gV": gV, "gWpT": gWp_t, "gP": None if gP is None else gP[s:e]}
+                    grads |= {"gu": gu_c, "gs2": gs2, "gt2": gt2, "gW2": gW2}
+                    native.stage2_backward(ic, grad_y[s:e], p, V, P[s:e], Wp_t, u[s:e], s2, t2, W2, grads)
+                    continue
+                gy = grad_y[s:e].unsqueeze(1)  # (m, 1, C)
+                if need_v:
                     # gradient of the aggregated values v_j + W_p P_ij: p (broadcast) * dy
                     gv = ws.get("gv", m, k, c)  # (m, k, C)
                     if sh == 1:
@@ -359,12 +348,9 @@ class VectorStage2(torch.autograd.Function):
                         gWp_t.addmm_(Pc.t(), gv2)
                     if gP is not None:
                         torch.mm(gv2, Wp_t.t(), out=gP[s:e].view(m * k, d))
-                if not need_w:
-                    continue
-                if not nat:
+                if need_w:
                     gw = softmax_backward(ws, V, P, Wp_t, ic, p, gy, s, e)  # (m, k, G)
-                assert gw is not None
-                _weight_backward(nat, ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu, s, e)
+                    _weight_backward(ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu_c)
             return gs2, gt2, gW2, gV, gWp_t
 
         parts = run_chunks(job, chunk_ranges(n, ctx.chunk), V.device)

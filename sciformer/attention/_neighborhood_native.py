@@ -1,11 +1,12 @@
-"""Compiled per-chunk passes of the fused v1 vector attention (``_vector_attention.cpp``).
+"""Compiled stages of the fused v1 vector attention, one call per chunk (``_vector_attention.cpp``).
 
-:mod:`~sciformer.attention._neighborhood_fused` keeps its matrix products in torch and
-calls these for the edge-sized elementwise work between them (one pass each instead of a
-few torch operations each), for float32 CPU tensors when the library was compiled at
-install; otherwise it runs its torch operations. Every function takes one chunk's rows
-(contiguous slices) and whole source arrays (indexed by the chunk's neighbour index);
-``None`` outputs are skipped. The formulas are in the C++ file.
+:mod:`~sciformer.attention._neighborhood_fused` calls these for float32 CPU tensors when
+the library was compiled at install; otherwise it runs torch operations per chunk. Each
+call runs one stage of the weight MLP over a chunk of points, forward or backward,
+elementwise passes and matrix products alike, tile by tile in cache. Every function takes
+one chunk's rows (contiguous slices), whole source arrays (indexed by the chunk's
+neighbour index) and whole weights; ``None`` outputs are skipped. The formulas are in
+:mod:`~sciformer.attention._neighborhood_fused` (the autograd functions these mirror).
 """
 
 from __future__ import annotations
@@ -22,14 +23,11 @@ from sciformer.utils.native import load_library, pointer
 enabled = True  # False: always use the torch operations (tests compare both paths)
 
 _SIGNATURES = {  # name: (integer arguments, pointer arguments)
-    "sf_va_pre": (4, 6),
-    "sf_va_pre_backward": (4, 9),
-    "sf_va_moments": (2, 3),
-    "sf_va_grad_u": (2, 5),
-    "sf_va_affine_relu": (2, 4),
-    "sf_va_affine_relu_backward": (2, 7),
-    "sf_va_softmax_aggregate": (5, 7),
-    "sf_va_aggregate_backward": (5, 10),
+    "sf_va_stage1_forward": (5, 9),
+    "sf_va_stage2_forward": (5, 10),
+    "sf_va_stage2_backward": (5, 17),
+    "sf_va_stage1_backward": (5, 15),
+    "sf_va_matmul": (4, 3),
 }
 
 
@@ -58,97 +56,79 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-def pre(idx: Tensor, A: Tensor, B: Tensor, P: Tensor, WaT: Tensor, out: Tensor) -> Tensor:
-    """``ReLU(A[idx] - B_i + P WaT)`` into ``out``.
+def stage1_forward(
+    idx: Tensor, A: Tensor, B: Tensor, P: Tensor, WaT: Tensor, W1t: Tensor, u: Tensor,
+    moments: tuple[Tensor, Tensor] | None,
+) -> None:
+    """``u = ReLU(A[idx] - B_i + P WaT) W1t`` per edge; the chunk's column mean and sum of
+    squared deviations of u into ``moments`` (float64) unless None.
 
     Shapes:
-        idx: (m, k); A: (M, C); B: (m, C); P: (m, k, d); WaT: (d, C) -> out (m*k, C)
+        idx: (m, k); A: (M, C); B: (m, C); P: (m, k, d); WaT: (d, C); W1t: (C, G)
+        -> u: (m, k, G); moments: (G,), (G,)
     """
-    (m, k), (c, d) = idx.shape, (A.shape[1], P.shape[-1])
-    _lib().sf_va_pre(m, k, c, d, *map(pointer, (idx, A, B, P, WaT, out)))
+    (m, k), (c, d), g = idx.shape, WaT.shape[::-1], W1t.shape[1]
+    mean, m2 = moments if moments is not None else (None, None)
+    _lib().sf_va_stage1_forward(m, k, c, g, d, *map(pointer, (idx, A, B, P, WaT, W1t, u, mean, m2)))
+
+
+def stage2_forward(
+    idx: Tensor, u: Tensor, s2: Tensor, t2: Tensor, W2t: Tensor, V: Tensor, P: Tensor,
+    WpT: Tensor, p: Tensor, y: Tensor,
+) -> None:
+    """``p = softmax_j(ReLU(s2 u + t2) W2t)``, ``y = sum_j p (V[idx] + P WpT)`` (group c % G).
+
+    Shapes:
+        idx: (m, k); u, p: (m, k, G); s2, t2: (G,); W2t: (G, G); V: (M, C); P: (m, k, d);
+        WpT: (d, C) -> y: (m, C)
+    """
+    (m, k), c, g, d = idx.shape, V.shape[1], u.shape[-1], P.shape[-1]
+    _lib().sf_va_stage2_forward(m, k, c, g, d, *map(pointer, (idx, u, s2, t2, W2t, V, P, WpT, p, y)))
+
+
+def stage2_backward(
+    idx: Tensor, gy: Tensor, p: Tensor, V: Tensor, P: Tensor, WpT: Tensor, u: Tensor,
+    s2: Tensor, t2: Tensor, W2: Tensor, grads: dict[str, Tensor | None],
+) -> None:
+    """Gradients of :func:`stage2_forward` from ``gy`` into ``grads`` (keys gV, gWpT, gW2,
+    gs2, gt2 accumulate; gP, gu are set; None entries are skipped).
+
+    Shapes:
+        as :func:`stage2_forward`; gy: (m, C); W2: (G, G); grads like their tensors
+    """
+    (m, k), c, g, d = idx.shape, V.shape[1], u.shape[-1], P.shape[-1]
+    outs = [grads.get(n) for n in ("gV", "gWpT", "gP", "gu", "gs2", "gt2", "gW2")]
+    _lib().sf_va_stage2_backward(
+        m, k, c, g, d, *map(pointer, (idx, gy, p, V, P, WpT, u, s2, t2, W2, *outs))
+    )
+
+
+def stage1_backward(
+    idx: Tensor, grad: Tensor | None, u: Tensor, cv: Tensor | None, cst: Tensor | None,
+    A: Tensor, B: Tensor, P: Tensor, WaT: Tensor, W1: Tensor, grads: dict[str, Tensor | None],
+) -> None:
+    """Gradients of :func:`stage1_forward` for the gradient of u ``grad + cv * u + cst``
+    (absent terms are zero) into ``grads`` (gW1, gA, gWaT accumulate; gB, gP are set).
+
+    Shapes:
+        as :func:`stage1_forward`; grad: (m, k, G); cv, cst: (G,); W1: (G, C)
+    """
+    (m, k), (c, d), g = idx.shape, WaT.shape[::-1], W1.shape[0]
+    outs = [grads.get(n) for n in ("gW1", "gA", "gB", "gWaT", "gP")]
+    _lib().sf_va_stage1_backward(
+        m, k, c, g, d, *map(pointer, (idx, grad, u, cv, cst, A, B, P, WaT, W1, *outs))
+    )
+
+
+def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, out: Tensor | None = None) -> Tensor:
+    """The compiled tile product: ``a @ b`` (set), or ``out += a.t() @ b`` (transpose_a).
+
+    Shapes:
+        a: (R, K); b: (K, N) -> (R, N); transpose_a: a (R, K), b (R, N) -> out (K, N)
+    """
+    r, kk = a.shape
+    n = b.shape[1]
+    if out is None:
+        out = a.new_zeros((kk, n) if transpose_a else (r, n))
+    _lib().sf_va_matmul(r, kk, n, int(transpose_a), *map(pointer, (a, b, out)))
     return out
-
-
-def pre_backward(
-    idx: Tensor, gz: Tensor, z: Tensor, P: Tensor, WaT: Tensor,
-    gA: Tensor | None, gB: Tensor | None, gWaT: Tensor | None, gP: Tensor | None,
-) -> None:
-    """Gradients of :func:`pre` from ``gz`` (gA, gWaT accumulate; gB, gP are set).
-
-    Shapes:
-        idx: (m, k); gz, z: (m*k, C); P, gP: (m, k, d); WaT, gWaT: (d, C); gA: (M, C); gB: (m, C)
-    """
-    (m, k), (c, d) = idx.shape, (gz.shape[1], P.shape[-1])
-    _lib().sf_va_pre_backward(m, k, c, d, *map(pointer, (idx, gz, z, P, WaT, gA, gB, gWaT, gP)))
-
-
-def moments(u: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-column mean and sum of squared deviations, in float64.
-
-    Shapes:
-        u: (rows, G) -> (G,), (G,)
-    """
-    rows, g = u.shape
-    mean = torch.empty(g, dtype=torch.float64)
-    m2 = torch.empty(g, dtype=torch.float64)
-    _lib().sf_va_moments(rows, g, *map(pointer, (u, mean, m2)))
-    return mean, m2
-
-
-def grad_u(grad: Tensor | None, u: Tensor, cv: Tensor | None, cst: Tensor | None, out: Tensor) -> Tensor:
-    """``grad + cv * u + cst`` into ``out`` (absent terms are zero).
-
-    Shapes:
-        grad, u, out: (rows, G); cv, cst: (G,)
-    """
-    rows, g = u.shape
-    _lib().sf_va_grad_u(rows, g, *map(pointer, (grad, u, cv, cst, out)))
-    return out
-
-
-def affine_relu(u: Tensor, s: Tensor, t: Tensor, out: Tensor) -> Tensor:
-    """``ReLU(s * u + t)`` into ``out``.
-
-    Shapes:
-        u, out: (rows, G); s, t: (G,)
-    """
-    rows, g = u.shape
-    _lib().sf_va_affine_relu(rows, g, *map(pointer, (u, s, t, out)))
-    return out
-
-
-def affine_relu_backward(
-    gz: Tensor, z: Tensor, u: Tensor, s: Tensor, gu: Tensor | None, gs: Tensor | None, gt: Tensor | None
-) -> None:
-    """Gradients of :func:`affine_relu` (gu set, gs and gt accumulate).
-
-    Shapes:
-        gz, z, u, gu: (rows, G); s, gs, gt: (G,)
-    """
-    rows, g = u.shape
-    _lib().sf_va_affine_relu_backward(rows, g, *map(pointer, (gz, z, u, s, gu, gs, gt)))
-
-
-def softmax_aggregate(
-    idx: Tensor, w: Tensor, V: Tensor, P: Tensor, WpT: Tensor, p: Tensor, y: Tensor
-) -> None:
-    """Softmax of ``w`` over neighbours into ``p``; ``sum_j p (V[idx] + P WpT)`` into ``y``.
-
-    Shapes:
-        idx: (m, k); w, p: (m, k, G); V: (M, C); P: (m, k, d); WpT: (d, C) -> y (m, C)
-    """
-    (m, k), c, g, d = idx.shape, V.shape[1], w.shape[-1], P.shape[-1]
-    _lib().sf_va_softmax_aggregate(m, k, c, g, d, *map(pointer, (idx, w, V, P, WpT, p, y)))
-
-
-def aggregate_backward(
-    idx: Tensor, gy: Tensor, p: Tensor, V: Tensor, P: Tensor, WpT: Tensor,
-    gV: Tensor | None, gWpT: Tensor | None, gP: Tensor | None, gw: Tensor | None,
-) -> None:
-    """Gradients of :func:`softmax_aggregate` (gV, gWpT accumulate; gP and gw of ``w`` are set).
-
-    Shapes:
-        idx: (m, k); gy: (m, C); p, gw: (m, k, G); V, gV: (M, C); P, gP: (m, k, d); WpT, gWpT: (d, C)
-    """
-    (m, k), c, g, d = idx.shape, V.shape[1], p.shape[-1], P.shape[-1]
-    _lib().sf_va_aggregate_backward(m, k, c, g, d, *map(pointer, (idx, gy, p, V, P, WpT, gV, gWpT, gP, gw)))

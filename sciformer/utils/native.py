@@ -1,4 +1,5 @@
-"""The package's optional compiled kernels, called through ctypes: loading and pointers.
+"""The package's optional compiled kernels, called through ctypes: loading, pointers, and
+large output blocks on huge pages (:func:`empty_large`).
 
 ``setup.py`` builds them as optional extensions: where no C++ compiler is present the
 package installs without them and every caller falls back to a torch / NumPy path.
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import sys
 from pathlib import Path
 from typing import Any
+
+import torch
 
 
 def load_library(
@@ -41,3 +45,34 @@ def pointer(tensor: Any) -> int | None:
     if not tensor.is_contiguous():
         raise ValueError("a compiled kernel needs contiguous tensors")
     return int(tensor.data_ptr())
+
+
+_HUGE_PAGE = 2 << 20  # bytes of an x86-64 / arm64 transparent huge page
+_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+_libc: ctypes.CDLL | None = None
+
+
+def _madvise_huge(address: int, nbytes: int) -> None:
+    """Ask Linux to back the whole 2 MiB pages inside [address, address + nbytes) with huge
+    pages when first touched; silently nothing where unsupported."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _libc.madvise.restype = ctypes.c_int
+    start = -(-address // _HUGE_PAGE) * _HUGE_PAGE
+    end = (address + nbytes) // _HUGE_PAGE * _HUGE_PAGE
+    if end > start:
+        _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failures are harmless
+
+
+def empty_large(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``like.new_empty(shape)``; a CPU block of 8 MiB or more is advised onto transparent
+    huge pages before its first touch, so that filling it takes a few hundred page faults
+    instead of one per 4 KiB (the edge tensors of a point layer are tens of MB per step)."""
+    out = like.new_empty(shape)
+    if out.device.type == "cpu" and out.nbytes >= 4 * _HUGE_PAGE:
+        _madvise_huge(out.data_ptr(), out.nbytes)
+    return out
