@@ -9,13 +9,15 @@ from setuptools import Extension, setup
 
 
 def _point_kernel(
-    name: str, source: str, extra: list[str] | None = None, extra_depends: list[str] | None = None
+    name: str, source: str | list[str], extra: list[str] | None = None,
+    extra_depends: list[str] | None = None,
 ) -> Extension:
     """An optional float kernel sharing ``sciformer/_kernels.h`` (vectorised loops: fused
     multiply-adds and if-converted comparisons need -ffp-contract=fast -fno-trapping-math)."""
     flags = ["-O3", "-std=c++17", "-ffp-contract=fast", "-fno-trapping-math", *(extra or [])]
     depends = ["sciformer/_kernels.h", *(extra_depends or [])]
-    return Extension(name, sources=[source], depends=depends, language="c++",
+    sources = [source] if isinstance(source, str) else source
+    return Extension(name, sources=sources, depends=depends, language="c++",
                      extra_compile_args=flags, optional=True)
 
 
@@ -32,7 +34,7 @@ setup(
         ),
         _point_kernel(
             "sciformer.attention._vector_attention",
-            "sciformer/attention/_vector_attention.cpp",
+            ["sciformer/attention/_vector_attention.cpp", "sciformer/attention/_edge_terms.cpp"],
             ["-fopenmp-simd"],
             ["sciformer/attention/_vector_attention_passes.h", "sciformer/attention/_vector_attention_gemm.h"],
         ),

@@ -31,7 +31,11 @@ Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradien
                  products per chunk), to measure what the compiled stages give in the same run
 
 Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
-       [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...]
+       [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...] [--parts]
+
+``--parts`` also prints, for the fused cases, the mean time per step of each autograd
+function of the layer (forward and backward: edge statistics, position MLP hidden layer,
+stages 1 and 2) and the rest of the step.
 """
 
 from __future__ import annotations
@@ -146,8 +150,36 @@ def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
+PARTS = {  # module, autograd Function: the parts of the fused v1 layer timed by --parts
+    "edge statistics": ("sciformer.attention._neighborhood_moments", "EdgeMoments"),
+    "position MLP hidden": ("sciformer.attention._neighborhood_position", "RelativePositionHidden"),
+    "stage 1": ("sciformer.attention._neighborhood_fused", "VectorStage1"),
+    "stage 2": ("sciformer.attention._neighborhood_fused", "VectorStage2"),
+}
+
+
+def time_parts(seconds: dict[str, float]) -> None:
+    """Wrap the forward and backward of each of :data:`PARTS` to add its time to ``seconds``
+    (keys "<part> forward" / "<part> backward")."""
+    import importlib
+
+    for part, (module, name) in PARTS.items():
+        fn = getattr(importlib.import_module(module), name)
+        for method in ("forward", "backward"):
+            inner = getattr(fn, method)
+
+            def timed(*a: object, _inner: Callable = inner, _key: str = f"{part} {method}") -> object:
+                t0 = time.perf_counter()
+                out = _inner(*a)
+                seconds[_key] = seconds.get(_key, 0.0) + time.perf_counter() - t0
+                return out
+
+            setattr(fn, method, staticmethod(timed))
+
+
 def child_timing(
-    cases: list[str], data: str, c: int, threads: int, rounds: int, chunk: int | None
+    cases: list[str], data: str, c: int, threads: int, rounds: int, chunk: int | None,
+    parts: bool = False,
 ) -> dict:
     import torch
 
@@ -155,16 +187,24 @@ def child_timing(
     steps = {case: build_case(case, data, c, chunk) for case in cases}
     for step in steps.values():  # warm-up
         step()
+    seconds: dict[str, float] = {}
+    if parts:
+        time_parts(seconds)
     times: dict[str, list[float]] = {case: [] for case in cases}
+    by_case: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for case, step in steps.items():
+            seconds.clear()
             t0 = time.perf_counter()
             step()
             times[case].append(time.perf_counter() - t0)
+            for key, sec in seconds.items():
+                by_case.setdefault(case, {}).setdefault(key, 0.0)
+                by_case[case][key] += sec / rounds
     gflop = {case: count_gflop(math_of(case), data, c, chunk) for case in cases if case != "pyg"}
     if "pyg" in cases:
         gflop["pyg"] = count_gflop("plain", data, c, chunk)  # the same math as plain
-    return {"times": times, "gflop": gflop, "gemm_gflops": gemm_gflops()}
+    return {"times": times, "gflop": gflop, "gemm_gflops": gemm_gflops(), "parts": by_case}
 
 
 def _child(args: argparse.Namespace, extra: list[str]) -> dict:
@@ -190,6 +230,8 @@ def main() -> None:
     ap.add_argument("--mem-rounds", type=int, default=2, help="fresh subprocesses per case for RSS")
     ap.add_argument("--chunk", type=int, default=None, help="sciformer chunk_size (default auto)")
     ap.add_argument("--cases", default=",".join(ALL_CASES))
+    ap.add_argument("--parts", action="store_true",
+                    help="also time the fused layer's parts (autograd functions), mean per step")
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=["memory", "timing"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -202,7 +244,7 @@ def main() -> None:
         print(json.dumps(child_memory(cases[0], args.data, args.c, args.threads, args.chunk)))
         return
     if args.child == "timing":
-        res = child_timing(cases, args.data, args.c, args.threads, args.rounds, args.chunk)
+        res = child_timing(cases, args.data, args.c, args.threads, args.rounds, args.chunk, args.parts)
         print(json.dumps(res))
         return
 
@@ -217,7 +259,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.data = os.path.join(tmp, "points.pt")
         torch.save({"pos": torch.from_numpy(pts), "idx": torch.from_numpy(nbr).long()}, args.data)
-        timing = _child(args, ["--child", "timing", "--cases", ",".join(cases)])
+        extra = ["--parts"] if args.parts else []
+        timing = _child(args, ["--child", "timing", "--cases", ",".join(cases), *extra])
         times, gflop, rate = timing["times"], timing["gflop"], timing["gemm_gflops"]
         peaks: dict[str, list[float]] = {case: [] for case in cases}
         for _ in range(args.mem_rounds):
@@ -244,6 +287,12 @@ def main() -> None:
             sp = mr = "-"
         floor = gflop[case] / rate
         print(f"{case:16s} {t:8.3f} {m:8.0f} {sp:>16s} {mr:>11s} {gflop[case]:11.2f} {floor:8.3f} {t / floor:7.1f}x")
+    for case, part in timing["parts"].items():  # --parts
+        total = statistics.mean(times[case])
+        print(f"\n{case}: mean s per step by part (the rest: projections and per-point operations)")
+        for key, sec in sorted(part.items()):
+            print(f"  {key:30s} {sec:7.4f}")
+        print(f"  {'rest':30s} {total - sum(part.values()):7.4f}   (mean step {total:.4f})")
 
 
 if __name__ == "__main__":

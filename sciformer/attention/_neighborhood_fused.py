@@ -4,7 +4,7 @@ The PTv1 weight MLP ``BN-ReLU-Linear-BN-ReLU-Linear`` on ``a_ij = k_j - q_i + de
 runs as two autograd functions over chunks of points:
 
 - :class:`VectorStage1`: ``u = W1 ReLU(BN1(a))`` with BN1 folded into per-point tensors
-  (statistics from ``_neighborhood_norm.edge_moments``), plus the moments of u for BN2;
+  (statistics from ``_neighborhood_moments.edge_moments``), plus the moments of u for BN2;
 - :class:`VectorStage2`: ``softmax_j(W2 ReLU(BN2(u)))`` and the aggregation
   ``sum_j p_ij (v_j + delta_ij)``.
 

@@ -1,5 +1,8 @@
 """Compiled stages of the fused v1 vector attention, one call per chunk (``_vector_attention.cpp``).
 
+The same library holds the edge sums of ``_edge_terms.cpp`` (wrapped by
+:mod:`~sciformer.attention._edge_terms`); this module loads it and declares every signature.
+
 :mod:`~sciformer.attention._neighborhood_fused` calls these for float32 CPU tensors when
 the library was compiled at install; otherwise it runs torch operations per chunk. Each
 call runs one stage of the weight MLP over a chunk of points, forward or backward,
@@ -28,6 +31,17 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
     "sf_va_stage2_backward": (5, 17),
     "sf_va_stage1_backward": (5, 15),
     "sf_va_matmul": (4, 3),
+    # _edge_terms.cpp (wrapped by _edge_terms.py)
+    "sf_et_gather_sum": (3, 3),
+    "sf_et_rows_dot": (3, 4),
+    "sf_et_row_affine": (3, 11),
+    "sf_et_scatter_rows": (3, 3),
+    "sf_et_position_sums": (3, 7),
+    "sf_et_edge_affine": (3, 7),
+    "sf_et_rel_moments": (4, 5),
+    "sf_et_rel_linear_relu": (5, 5),
+    "sf_et_rel_grad_params": (5, 6),
+    "sf_et_rel_grad_pos": (5, 9),
 }
 
 
@@ -50,7 +64,7 @@ def usable(idx: Tensor, *tensors: Tensor) -> bool:
     )
 
 
-def _lib() -> ctypes.CDLL:
+def lib() -> ctypes.CDLL:
     lib = library()
     assert lib is not None
     return lib
@@ -69,7 +83,7 @@ def stage1_forward(
     """
     (m, k), (c, d), g = idx.shape, WaT.shape[::-1], W1t.shape[1]
     mean, m2 = moments if moments is not None else (None, None)
-    _lib().sf_va_stage1_forward(m, k, c, g, d, *map(pointer, (idx, A, B, P, WaT, W1t, u, mean, m2)))
+    lib().sf_va_stage1_forward(m, k, c, g, d, *map(pointer, (idx, A, B, P, WaT, W1t, u, mean, m2)))
 
 
 def stage2_forward(
@@ -83,7 +97,7 @@ def stage2_forward(
         WpT: (d, C) -> y: (m, C)
     """
     (m, k), c, g, d = idx.shape, V.shape[1], u.shape[-1], P.shape[-1]
-    _lib().sf_va_stage2_forward(m, k, c, g, d, *map(pointer, (idx, u, s2, t2, W2t, V, P, WpT, p, y)))
+    lib().sf_va_stage2_forward(m, k, c, g, d, *map(pointer, (idx, u, s2, t2, W2t, V, P, WpT, p, y)))
 
 
 def stage2_backward(
@@ -98,7 +112,7 @@ def stage2_backward(
     """
     (m, k), c, g, d = idx.shape, V.shape[1], u.shape[-1], P.shape[-1]
     outs = [grads.get(n) for n in ("gV", "gWpT", "gP", "gu", "gs2", "gt2", "gW2")]
-    _lib().sf_va_stage2_backward(
+    lib().sf_va_stage2_backward(
         m, k, c, g, d, *map(pointer, (idx, gy, p, V, P, WpT, u, s2, t2, W2, *outs))
     )
 
@@ -115,7 +129,7 @@ def stage1_backward(
     """
     (m, k), (c, d), g = idx.shape, WaT.shape[::-1], W1.shape[0]
     outs = [grads.get(n) for n in ("gW1", "gA", "gB", "gWaT", "gP")]
-    _lib().sf_va_stage1_backward(
+    lib().sf_va_stage1_backward(
         m, k, c, g, d, *map(pointer, (idx, grad, u, cv, cst, A, B, P, WaT, W1, *outs))
     )
 
@@ -130,5 +144,5 @@ def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, out: Tensor | None =
     n = b.shape[1]
     if out is None:
         out = a.new_zeros((kk, n) if transpose_a else (r, n))
-    _lib().sf_va_matmul(r, kk, n, int(transpose_a), *map(pointer, (a, b, out)))
+    lib().sf_va_matmul(r, kk, n, int(transpose_a), *map(pointer, (a, b, out)))
     return out

@@ -9,7 +9,8 @@ The (N, k, C) edge tensors are what runs whole scenes out of memory. With
 ``memory_efficient=True`` (default) they exist one chunk of points at a time, forward and
 backward: the backward pass recomputes them from per-point tensors (custom autograd
 functions in ``_neighborhood_fused`` and ``_neighborhood_ops``), and BatchNorm over all
-N*k edges is folded into per-point tensors analytically (``_neighborhood_norm``). On CPU
+N*k edges is folded into per-point tensors analytically (``_neighborhood_moments``,
+``_neighborhood_position``, ``_neighborhood_norm``). On CPU
 the chunks are spread over worker threads (``_neighborhood_parallel``).
 ``memory_efficient=False`` is the plain gather implementation, kept as a reference.
 An index with -1 padding (the contract of :mod:`sciformer.attention.neighbor_index`)
@@ -27,15 +28,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from sciformer.attention._neighborhood_fused import VectorStage1, VectorStage2
-from sciformer.attention._neighborhood_norm import (
-    NeighborGraph,
-    batchnorm_fold,
-    edge_moments,
-    linear_batchnorm,
-    stats_dtype,
-    uses_batch_stats,
-)
+from sciformer.attention._neighborhood_moments import edge_moments
+from sciformer.attention._neighborhood_norm import batchnorm_fold, stats_dtype, uses_batch_stats
 from sciformer.attention._neighborhood_ops import auto_chunk_size, chunked_edge_map
+from sciformer.attention._neighborhood_position import position_hidden
 from sciformer.attention.layers import norm_layer
 from sciformer.attention.neighbor_index import (
     check_neighbor_index,
@@ -259,16 +255,14 @@ class PointTransformerLayer(nn.Module):
         q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
         if has_padding(idx):
             return self._forward_padded(q, kk, v, pos, idx)
-        rel = pos.index_select(0, idx.reshape(-1)) - pos.repeat_interleave(k, 0)  # (N*k, 3)
         proj: nn.Linear = self.linear_p[-1]
-        if not self.memory_efficient:
-            hidden = self.linear_p[:-1](rel).view(n, k, -1)  # (N, k, d)
-            return self._forward_plain(q, kk, v, hidden, proj, idx)
-        if self.position_encoding == "mlp" and self.norm == "batch":
-            lin_p, bn_p = self.linear_p[0], self.linear_p[1]
-            hidden = linear_batchnorm(lin_p, bn_p, rel).relu_().view(n, k, -1)  # (N, k, d)
+        if self.memory_efficient and self.position_encoding == "mlp" and self.norm == "batch":
+            hidden = position_hidden(self.linear_p[0], self.linear_p[1], pos, idx)  # (N, k, d)
         else:
+            rel = pos.index_select(0, idx.reshape(-1)) - pos.repeat_interleave(k, 0)  # (N*k, 3)
             hidden = self.linear_p[:-1](rel).view(n, k, -1)  # (N, k, d)
+        if not self.memory_efficient:
+            return self._forward_plain(q, kk, v, hidden, proj, idx)
         chunk = self._chunk(n, k)
         if self._builtin_attn and self.norm == "batch" and self.mode == "vector":
             return self._forward_fused_batchnorm(q, kk, v, hidden, proj, idx, chunk)
@@ -328,8 +322,7 @@ class PointTransformerLayer(nn.Module):
         sdt = stats_dtype(q.device)
         mean1 = var1 = None
         if uses_batch_stats(bn1):
-            graph = NeighborGraph.build(idx, n, q.dtype)
-            mean1, var1 = edge_moments(kk, q, hidden, wp, bp, idx, graph)  # (C,) each
+            mean1, var1 = edge_moments(kk, q, hidden, wp, bp, idx)  # (C,) each
         s1, t1 = batchnorm_fold(bn1, mean1, var1, n * k, q.dtype)  # (C,) each
         a_src = kk * s1  # (N, C)
         b_dst = q * s1 - (s1 * bp + t1)  # (N, C)

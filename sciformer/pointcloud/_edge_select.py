@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from sciformer.attention._neighborhood_norm import edge_moments
+from sciformer.attention._neighborhood_moments import edge_moments
 from sciformer.utils.native import load_library, pointer
 
 _SIGNATURES = {  # name: (integer arguments, pointer arguments)
@@ -154,5 +154,5 @@ def selected_edges(
     h = f.gather(0, idx.gather(1, best)) + (rel_best * w_p).sum(-1)  # (M, C)
     if not stats:
         return h, None, None
-    mean, var = edge_moments(f, None, rel, w_p, None, idx, None)  # (C,) each
+    mean, var = edge_moments(f, None, rel, w_p, None, idx)  # (C,) each
     return h, mean, var
