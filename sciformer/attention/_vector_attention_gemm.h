@@ -6,7 +6,8 @@
 // gradients, which accumulate). Register blocks of 6 rows x 16 columns: per step of the
 // inner dimension, two 8-float loads of B and six broadcasts of A feed twelve fused
 // multiply-adds (GCC vector extensions: AVX2 + FMA in the x86-64-v3 clone, SSE pairs in
-// the baseline). Columns beyond the last multiple of 8 run a scalar loop.
+// the baseline). A remainder of 4-7 columns runs the same blocks on a copy padded to 8
+// columns; the last 1-3 columns run a scalar loop.
 #pragma once
 
 #include "_vector_attention_passes.h"
@@ -77,6 +78,19 @@ SF_INLINE void gemm(i64 R, i64 K, i64 N, const float* A, i64 ars, i64 aks, const
     i64 j = 0;
     for (; j + 16 <= N; j += 16) gemm_panel<2>(R, K, A, ars, aks, B + j, ldb, C + j, ldc, acc);
     for (; j + 8 <= N; j += 8) gemm_panel<1>(R, K, A, ars, aks, B + j, ldb, C + j, ldc, acc);
+    if (N - j >= 4) {  // 4-7 columns: B's and C's padded to 8 (G = 4 in PTv1's first stage)
+        const i64 w = N - j;
+        std::vector<float> Bp(K * 8, 0.0f), Cp(R * 8, 0.0f);
+        for (i64 t = 0; t < K; ++t)
+            for (i64 q = 0; q < w; ++q) Bp[t * 8 + q] = B[t * ldb + j + q];
+        if (acc)
+            for (i64 r = 0; r < R; ++r)
+                for (i64 q = 0; q < w; ++q) Cp[r * 8 + q] = C[r * ldc + j + q];
+        gemm_panel<1>(R, K, A, ars, aks, Bp.data(), 8, Cp.data(), 8, acc);
+        for (i64 r = 0; r < R; ++r)
+            for (i64 q = 0; q < w; ++q) C[r * ldc + j + q] = Cp[r * 8 + q];
+        j = N;
+    }
     for (; j < N; ++j)
         for (i64 r = 0; r < R; ++r) {
             float s = 0.0f;

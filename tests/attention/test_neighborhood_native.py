@@ -128,10 +128,12 @@ def backward2(x: dict[str, Tensor], gy: Tensor, p: Tensor, grads: dict[str, Tens
 
 
 # (R, K, N): R % 6 (row blocks of the product) and K % 6 (those of the transposed one) take
-# every value; N: 16-column panels, an 8-column panel, scalar columns; R = 300: row blocks of 128
+# every value; N: 16-column panels, an 8-column panel, a padded panel of 4-7 columns, scalar
+# columns; R = 300: row blocks of 128
 @pytest.mark.parametrize(
     "r,kk,n",
-    [(1, 1, 1), (2, 5, 3), (3, 64, 8), (4, 6, 16), (5, 3, 24), (6, 2, 70), (7, 64, 64), (13, 3, 1), (300, 64, 70), (300, 7, 24), (10, 1, 31)],
+    [(1, 1, 1), (2, 5, 3), (3, 64, 8), (4, 6, 16), (5, 3, 24), (6, 2, 70), (7, 64, 64), (13, 3, 1), (300, 64, 70), (300, 7, 24), (10, 1, 31),
+     (9, 32, 4), (300, 4, 5), (11, 5, 12), (7, 2, 20)],
 )
 def test_matmul_matches_torch(r: int, kk: int, n: int) -> None:
     gen = torch.Generator().manual_seed(r * 10000 + kk * 100 + n)
