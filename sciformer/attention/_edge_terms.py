@@ -3,7 +3,7 @@
 Each function takes a neighbour index ``idx`` (n, k) into M source rows. For float32 CPU
 tensors it is one call of the compiled library where installed; otherwise torch
 operations over one neighbour slot at a time (memory O((n + M) C)). The ``rel_*``
-functions (offsets ``pos[idx_ij] - pos[row0 + i]`` recomputed per edge) exist only
+functions (offsets ``pos[idx_ij] - pos[i]`` recomputed per edge) exist only
 compiled: :mod:`~sciformer.attention._neighborhood_position` checks :func:`compiled`.
 """
 
@@ -16,10 +16,9 @@ from sciformer.attention import _neighborhood_native as native
 from sciformer.utils.native import empty_large, pointer
 
 MAX_DIM = 16  # widest position, offset or hidden dimension the compiled functions take
-NO_INDEX = torch.zeros(0, dtype=torch.int64)  # for `compiled` on functions without an index
 
 
-def compiled(idx: Tensor, *tensors: Tensor) -> bool:
+def compiled(idx: Tensor | None, *tensors: Tensor) -> bool:
     """Whether the compiled functions apply (see ``_neighborhood_native.usable``)."""
     return native.usable(idx, *tensors)
 
@@ -67,7 +66,7 @@ def rows_dot(X: Tensor, mX: Tensor | None, WT: Tensor) -> Tensor:
     """
     (r, c), d = X.shape, WT.shape[0]
     ts = (X, WT) if mX is None else (X, mX, WT)
-    if compiled(NO_INDEX, *ts) and d <= MAX_DIM:
+    if compiled(None, *ts) and d <= MAX_DIM:
         X, WT = X.contiguous(), WT.contiguous()
         mX = None if mX is None else mX.contiguous()
         out = X.new_empty((r, d))  # (R, d)
@@ -98,7 +97,7 @@ def row_affine(
     """
     (r, c), d = X.shape, Pr.shape[1]
     rows = [t for t in (wx, wa, Y) if isinstance(t, Tensor)]
-    if compiled(NO_INDEX, X, mX, Pr, WpT, alpha, beta, *rows):
+    if compiled(None, X, mX, Pr, WpT, alpha, beta, *rows):
         X, mX, Pr, WpT, alpha, beta = (t.contiguous() for t in (X, mX, Pr, WpT, alpha, beta))
         wxt = wx.contiguous() if isinstance(wx, Tensor) else None
         wat = wa.contiguous() if isinstance(wa, Tensor) else None
@@ -173,7 +172,7 @@ def rel_moments(pos: Tensor, idx: Tensor, shift: Tensor, cross: bool) -> tuple[T
     s = pos.new_zeros(dim, dtype=torch.float64)
     x = pos.new_zeros((dim, dim), dtype=torch.float64) if cross else None
     shift = shift.contiguous()  # kept alive through the call
-    native.lib().sf_et_rel_moments(n, k, dim, 0, *map(pointer, (idx, pos, shift, s, x)))
+    native.lib().sf_et_rel_moments(n, k, dim, *map(pointer, (idx, pos, shift, s, x)))
     return s, x
 
 
@@ -186,7 +185,7 @@ def rel_linear_relu(pos: Tensor, idx: Tensor, WT: Tensor, b: Tensor) -> Tensor:
     (n, k), (dim, h) = idx.shape, WT.shape
     out = empty_large(pos, (n, k, h))  # (n, k, H)
     WT, b = WT.contiguous(), b.contiguous()  # kept alive through the call
-    native.lib().sf_et_rel_linear_relu(n, k, dim, h, 0, *map(pointer, (idx, pos, WT, b, out)))
+    native.lib().sf_et_rel_linear_relu(n, k, dim, h, *map(pointer, (idx, pos, WT, b, out)))
     return out
 
 
@@ -200,7 +199,7 @@ def rel_grad_params(pos: Tensor, idx: Tensor, out: Tensor, gout: Tensor) -> tupl
     gWT = pos.new_zeros((dim, h), dtype=torch.float64)
     gb = pos.new_zeros(h, dtype=torch.float64)
     gout = gout.contiguous()  # kept alive through the call
-    native.lib().sf_et_rel_grad_params(n, k, dim, h, 0, *map(pointer, (idx, pos, out, gout, gWT, gb)))
+    native.lib().sf_et_rel_grad_params(n, k, dim, h, *map(pointer, (idx, pos, out, gout, gWT, gb)))
     return gWT, gb
 
 
@@ -224,5 +223,5 @@ def rel_grad_pos(
     gpos = torch.zeros_like(pos)  # (M, D)
     ts = [t.contiguous() for t in (gout, W)]  # kept alive through the call
     ms = [None, None, None] if moments is None else [t.contiguous() for t in moments]
-    native.lib().sf_et_rel_grad_pos(n, k, dim, h, 0, *map(pointer, (idx, pos, out, *ts, *ms, gpos)))
+    native.lib().sf_et_rel_grad_pos(n, k, dim, h, *map(pointer, (idx, pos, out, *ts, *ms, gpos)))
     return gpos

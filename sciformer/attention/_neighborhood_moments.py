@@ -21,7 +21,6 @@ from torch.autograd.function import once_differentiable
 
 from sciformer.attention import _neighborhood_native as native
 from sciformer.attention._edge_terms import (
-    NO_INDEX,
     edge_affine,
     gather_sum,
     position_sums,
@@ -38,7 +37,7 @@ def _mm_tn(a: Tensor, b: Tensor) -> Tensor:
     Shapes:
         a: (R, K); b: (R, N) -> (K, N)
     """
-    if native.usable(NO_INDEX, a, b):
+    if native.usable(None, a, b):
         return native.matmul(a.contiguous(), b.contiguous(), transpose_a=True)
     return a.t() @ b
 

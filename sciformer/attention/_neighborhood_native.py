@@ -38,10 +38,10 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
     "sf_et_scatter_rows": (3, 3),
     "sf_et_position_sums": (3, 7),
     "sf_et_edge_affine": (3, 7),
-    "sf_et_rel_moments": (4, 5),
-    "sf_et_rel_linear_relu": (5, 5),
-    "sf_et_rel_grad_params": (5, 6),
-    "sf_et_rel_grad_pos": (5, 9),
+    "sf_et_rel_moments": (3, 5),
+    "sf_et_rel_linear_relu": (4, 5),
+    "sf_et_rel_grad_params": (4, 6),
+    "sf_et_rel_grad_pos": (4, 9),
 }
 
 
@@ -51,15 +51,15 @@ def library() -> ctypes.CDLL | None:
     return load_library(Path(__file__).parent, "_vector_attention", _SIGNATURES)
 
 
-def usable(idx: Tensor, *tensors: Tensor) -> bool:
+def usable(idx: Tensor | None, *tensors: Tensor) -> bool:
     """Whether the compiled passes apply: library present, enabled, float32 CPU tensors and a
-    contiguous int64 index (its range is the caller's check: ``check_neighbor_index``)."""
+    contiguous int64 index (``None`` for functions without one; its range is the caller's
+    check: ``check_neighbor_index``)."""
+    index_ok = idx is None or (idx.dtype == torch.int64 and idx.device.type == "cpu" and idx.is_contiguous())
     return (
         enabled
         and library() is not None
-        and idx.dtype == torch.int64
-        and idx.device.type == "cpu"
-        and idx.is_contiguous()
+        and index_ok
         and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
     )
 

@@ -1,5 +1,5 @@
-"""Attention tests run on one intra-op thread (the compiled kernels' results do not depend
-on it; torch's reductions would, by rounding)."""
+"""Attention tests run on one intra-op thread: tiny tensors, where thread wake-ups would
+dominate on shared CPUs (tests that need two threads set them themselves)."""
 
 from __future__ import annotations
 

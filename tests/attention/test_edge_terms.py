@@ -91,7 +91,7 @@ def test_row_affine(rows, c, d, with_y, per_row, path, monkeypatch):
     Pr, WpT = rand(gen, dt, rows, d), rand(gen, dt, d, c)
     wx, wa = (rand(gen, dt, rows), rand(gen, dt, rows)) if per_row else (-3.0, 2.5)
     if path == "compiled":
-        assert et.compiled(et.NO_INDEX, X, mX, Pr, WpT, alpha, beta)
+        assert et.compiled(None, X, mX, Pr, WpT, alpha, beta)
     f64 = [t.double() for t in (X, Y, mX, alpha, beta, Pr, WpT)]
     X6, Y6, m6, a6, b6, P6, W6 = f64
     wx6 = wx.double().unsqueeze(1) if per_row else wx

@@ -19,16 +19,6 @@ from sciformer.attention.neighborhood import (
 from sciformer.attention.point_block import PointTransformerBlock
 from sciformer.errors import ConfigError, DataError
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread avoids thread wake-ups dominating (shared CPUs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 CONFIGS = [
     pytest.param(dict(), id="ptv1-default"),
     pytest.param(dict(share_planes=1), id="ptv1-nogroup"),

@@ -38,11 +38,9 @@ TOL = 5e-5  # float32 against float64, sums of up to 1024 products
 
 
 @pytest.fixture(autouse=True)
-def _single_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _compiled_enabled_after() -> Iterator[None]:
+    """Tests switch the compiled passes off; every test ends with them on."""
     yield
-    torch.set_num_threads(before)
     native.enabled = True
 
 
