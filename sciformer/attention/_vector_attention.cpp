@@ -13,7 +13,7 @@
 // Shapes: idx (m*k,); A, V, gA, gV (M, C); B, gB (m, C); P, gP (m*k, d); WaT, WpT and
 // their gradients (d, C); W1 (G, C), W1t (C, G); W2, W2t (G, G); u, p, grad, gu (m*k, G);
 // y, gy (m, C); s2, t2, cv, cst (G,).
-#include "_vector_attention_gemm.h"
+#include "_vector_attention_passes.h"
 
 namespace {
 
@@ -115,9 +115,9 @@ SF_CLONES void sf_va_stage1_backward(i64 m, i64 k, i64 C, i64 G, i64 d, const i6
         if (gW1 != nullptr) matmul_tn_acc(rows, G, C, gu.data(), z.data(), gW1);
         if (!need_gz) continue;
         matmul(rows, G, C, gu.data(), W1, gz.data());
-        pre_backward(t, k, C, d, idx + s * k, gz.data(), z.data(), P + s * k * d, WaT, gA,
-                     gB == nullptr ? nullptr : gB + s * C, gWaT,
-                     gP == nullptr ? nullptr : gP + s * k * d);
+        pre_backward(t, k, C, d, idx + s * k, gz.data(), z.data(), WaT, gA,
+                     gB == nullptr ? nullptr : gB + s * C, gP == nullptr ? nullptr : gP + s * k * d);
+        if (gWaT != nullptr) matmul_tn_acc(rows, d, C, P + s * k * d, gz.data(), gWaT);  // gz masked
     }
 }
 

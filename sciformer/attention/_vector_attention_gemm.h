@@ -10,7 +10,12 @@
 // columns; the last 1-3 columns run a scalar loop.
 #pragma once
 
-#include "_vector_attention_passes.h"
+#include <algorithm>
+#include <vector>
+
+#include "../_kernels.h"
+
+#define SF_INLINE inline __attribute__((always_inline))
 
 // The vector helpers are always inlined: no vector crosses a call boundary.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -105,10 +110,11 @@ SF_INLINE void matmul(i64 R, i64 K, i64 N, const float* A, const float* B, float
 }
 
 // G (K x N) += X^T Y for X (R x K), Y (R x N), all row-major and dense. The rows go in
-// blocks of 128, so that a 16-column panel of Y stays in L1 across G's row blocks.
+// blocks of 64, so that X's block and a 16-column panel of Y stay in L1 across G's row
+// blocks (64 K-wide rows of X are 16 KB at K = 64; blocks of 128 ran about 15 % slower).
 SF_INLINE void matmul_tn_acc(i64 R, i64 K, i64 N, const float* X, const float* Y, float* G) {
-    for (i64 r = 0; r < R; r += 128)
-        gemm(K, std::min<i64>(128, R - r), N, X + r * K, 1, K, Y + r * N, N, G, N, true);
+    for (i64 r = 0; r < R; r += 64)
+        gemm(K, std::min<i64>(64, R - r), N, X + r * K, 1, K, Y + r * N, N, G, N, true);
 }
 
 }  // namespace

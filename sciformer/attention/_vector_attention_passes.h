@@ -10,18 +10,14 @@
 // Channel c of a group-shared weight uses group c % G (c = s * G + g), G = C / share.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 #if defined(__SSE__) || defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
 
-#include "../_kernels.h"
-
-#define SF_INLINE inline __attribute__((always_inline))
+#include "_vector_attention_gemm.h"
 
 namespace {
 
@@ -104,45 +100,57 @@ SF_INLINE void pre(i64 m, i64 k, i64 C, i64 d, const i64* idx, const float* A,
     }
 }
 
+// Dot products of one edge's row r (C,) with the d rows of W (d, C): out[t] = r . W[t].
+// d = 3 (PTv1's position MLP) keeps three independent sums (no chain of dependent adds
+// through one accumulator).
+SF_INLINE void row_dots(i64 C, i64 d, const float* r, const float* W, float* out) {
+    if (d == 3) {
+        const float* __restrict w0 = W;
+        const float* __restrict w1 = W + C;
+        const float* __restrict w2 = W + 2 * C;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2)
+        for (i64 c = 0; c < C; ++c) {
+            a0 += r[c] * w0[c];
+            a1 += r[c] * w1[c];
+            a2 += r[c] * w2[c];
+        }
+        out[0] = a0, out[1] = a1, out[2] = a2;
+        return;
+    }
+    for (i64 t = 0; t < d; ++t) {
+        const float* __restrict w = W + t * C;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (i64 c = 0; c < C; ++c) acc += r[c] * w[c];
+        out[t] = acc;
+    }
+}
+
 // Backward of sf_va_pre given the gradient gz of z (m*k, C) and z itself (for the ReLU):
-// gA[idx[e]] += g, gB[i] = -sum_j g, gWaT[t] += P[e, t] g, gP[e, t] = g . WaT[t], where
-// g = gz where z > 0 or z is NaN, else 0 (torch's threshold_backward). gA (M, C) and gWaT
-// (d, C) accumulate; gB (m, C), gP (m*k, d) are set.
-SF_INLINE void pre_backward(i64 m, i64 k, i64 C, i64 d, const i64* idx,
-                                  const float* gz, const float* z, const float* P,
-                                  const float* WaT, float* gA, float* gB, float* gWaT,
-                                  float* gP) {
-    std::vector<float> g(C), gb(C);
-    float* __restrict gr = g.data();
+// g = gz where z > 0 or z is NaN, else 0 (torch's threshold_backward), written over gz;
+// gA[idx[e]] += g, gB[i] = -sum_j g, gP[e, t] = g . WaT[t]. gA (M, C) accumulates; gB
+// (m, C), gP (m*k, d) are set. The weight gradient gWaT += P^T g is a matrix product of the
+// caller on the masked gz.
+SF_INLINE void pre_backward(i64 m, i64 k, i64 C, i64 d, const i64* idx, float* gz,
+                            const float* z, const float* WaT, float* gA, float* gB,
+                            float* gP) {
+    std::vector<float> gb(C);
     float* __restrict gbr = gb.data();
     for (i64 i = 0; i < m; ++i) {
         if (gA != nullptr && i + 1 < m) prefetch_rows(gA, idx + (i + 1) * k, k, C, true);
         std::fill(gb.begin(), gb.end(), 0.0f);
         for (i64 j = 0; j < k; ++j) {
             const i64 e = i * k + j;
-            const float* __restrict gzr = gz + e * C;
+            float* __restrict gr = gz + e * C;
             const float* __restrict zr = z + e * C;
-            for (i64 c = 0; c < C; ++c) gr[c] = zr[c] <= 0.0f ? 0.0f : gzr[c];  // NaN passes, as in torch
+            for (i64 c = 0; c < C; ++c) gr[c] = zr[c] <= 0.0f ? 0.0f : gr[c];  // NaN passes, as in torch
             if (gA != nullptr) {
                 float* __restrict ga = gA + idx[e] * C;
                 for (i64 c = 0; c < C; ++c) ga[c] += gr[c];
             }
             for (i64 c = 0; c < C; ++c) gbr[c] += gr[c];
-            const float* __restrict p = P + e * d;
-            for (i64 t = 0; t < d; ++t) {
-                if (gWaT != nullptr) {
-                    const float pt = p[t];
-                    float* __restrict gw = gWaT + t * C;
-                    for (i64 c = 0; c < C; ++c) gw[c] += pt * gr[c];
-                }
-                if (gP != nullptr) {
-                    const float* __restrict w = WaT + t * C;
-                    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-                    for (i64 c = 0; c < C; ++c) acc += gr[c] * w[c];
-                    gP[e * d + t] = acc;
-                }
-            }
+            if (gP != nullptr) row_dots(C, d, gr, WaT, gP + e * d);
         }
         if (gB != nullptr) {
             float* __restrict gbo = gB + i * C;
@@ -228,6 +236,19 @@ SF_INLINE void affine_relu_backward(i64 rows, i64 G, const float* gz, const floa
     }
 }
 
+// out (d, G) = P^T p for one point: out[t, g] = sum_j P[j, t] p[j, g] (P (k, d), p (k, G)).
+// A matrix product when G is a multiple of 8 (its register blocks), else a plain loop.
+SF_INLINE void position_weights(i64 k, i64 G, i64 d, const float* P, const float* p, float* out) {
+    if (G % 8 == 0) {
+        gemm(d, k, G, P, 1, d, p, G, out, G, false);
+        return;
+    }
+    for (i64 x = 0; x < d * G; ++x) out[x] = 0.0f;
+    for (i64 j = 0; j < k; ++j)
+        for (i64 t = 0; t < d; ++t)
+            for (i64 g = 0; g < G; ++g) out[t * G + g] += p[j * G + g] * P[j * d + t];
+}
+
 // Softmax over the k neighbours of each point and aggregation:
 // p[i, j, g] = softmax_j w[i, j, g];
 // y[i, c] = sum_j p[i, j, c % G] (V[idx[i, j], c] + sum_t P[i, j, t] WpT[t, c]).
@@ -260,16 +281,13 @@ SF_INLINE void softmax_aggregate(i64 m, i64 k, i64 C, i64 G, i64 d, const i64* i
         // y = sum_j p V[idx] + sum_t WpT[t] * (sum_j p[j] P[j, t])
         float* __restrict yi = y + i * C;
         for (i64 c = 0; c < C; ++c) yi[c] = 0.0f;
-        for (i64 x = 0; x < d * G; ++x) ppr[x] = 0.0f;
         for (i64 j = 0; j < k; ++j) {
             const float* __restrict pj = pi + j * G;
             const float* __restrict v = V + idx[i * k + j] * C;
             for (i64 s = 0; s < S; ++s)
                 for (i64 g = 0; g < G; ++g) yi[s * G + g] += pj[g] * v[s * G + g];
-            const float* __restrict pt = P + (i * k + j) * d;
-            for (i64 t = 0; t < d; ++t)
-                for (i64 g = 0; g < G; ++g) ppr[t * G + g] += pj[g] * pt[t];
         }
+        position_weights(k, G, d, P + i * k * d, pi, ppr);
         for (i64 t = 0; t < d; ++t) {
             const float* __restrict wt = WpT + t * C;
             for (i64 s = 0; s < S; ++s)
@@ -306,12 +324,7 @@ SF_INLINE void aggregate_backward(i64 m, i64 k, i64 C, i64 G, i64 d, const i64* 
             for (i64 s = 0; s < S; ++s)
                 for (i64 g = 0; g < G; ++g) hr[t * G + g] += gyi[s * G + g] * WpT[t * C + s * G + g];
         if (gWpT != nullptr) {
-            for (i64 x = 0; x < d * G; ++x) ppr[x] = 0.0f;
-            for (i64 j = 0; j < k; ++j) {
-                const float* __restrict pt = P + (i * k + j) * d;
-                for (i64 t = 0; t < d; ++t)
-                    for (i64 g = 0; g < G; ++g) ppr[t * G + g] += pi[j * G + g] * pt[t];
-            }
+            position_weights(k, G, d, P + i * k * d, pi, ppr);
             for (i64 t = 0; t < d; ++t)
                 for (i64 s = 0; s < S; ++s)
                     for (i64 g = 0; g < G; ++g)
@@ -326,14 +339,7 @@ SF_INLINE void aggregate_backward(i64 m, i64 k, i64 C, i64 G, i64 d, const i64* 
                 for (i64 s = 0; s < S; ++s)
                     for (i64 g = 0; g < G; ++g) gv[s * G + g] += pj[g] * gyi[s * G + g];
             }
-            if (gP != nullptr) {
-                for (i64 t = 0; t < d; ++t) {
-                    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-                    for (i64 g = 0; g < G; ++g) acc += pj[g] * hr[t * G + g];
-                    gP[e * d + t] = acc;
-                }
-            }
+            if (gP != nullptr) row_dots(G, d, pj, hr, gP + e * d);
             if (gw != nullptr) {
                 const float* __restrict v = V + idx[e] * C;
                 float* __restrict gpj = gpr + j * G;

@@ -11,7 +11,9 @@ backward: the backward pass recomputes them from per-point tensors (custom autog
 functions in ``_neighborhood_fused`` and ``_neighborhood_ops``), and BatchNorm over all
 N*k edges is folded into per-point tensors analytically (``_neighborhood_moments``,
 ``_neighborhood_position``, ``_neighborhood_norm``). On CPU
-the chunks are spread over worker threads (``_neighborhood_parallel``).
+the chunks are spread over worker threads (``_neighborhood_parallel``), and a cloud stored
+in a spatially scattered order whose per-point arrays outgrow the cache runs in Morton
+order, its output put back in input order (``_neighborhood_order``).
 ``memory_efficient=False`` is the plain gather implementation, kept as a reference.
 An index with -1 padding (the contract of :mod:`sciformer.attention.neighbor_index`)
 takes a plain path over the valid edges only. The residual block around the layer is
@@ -31,6 +33,7 @@ from sciformer.attention._neighborhood_fused import VectorStage1, VectorStage2
 from sciformer.attention._neighborhood_moments import edge_moments
 from sciformer.attention._neighborhood_norm import batchnorm_fold, stats_dtype, uses_batch_stats
 from sciformer.attention._neighborhood_ops import auto_chunk_size, chunked_edge_map
+from sciformer.attention._neighborhood_order import gather_order, inverse_permutation, permute_rows
 from sciformer.attention._neighborhood_position import position_hidden
 from sciformer.attention.layers import norm_layer
 from sciformer.attention.neighbor_index import (
@@ -250,11 +253,25 @@ class PointTransformerLayer(nn.Module):
         idx = check_neighbor_index(idx, x.shape[0], x.shape[0], allow_padding=True)
         if idx.device != x.device:
             raise DataError(f"idx is on {idx.device} but x is on {x.device}; expected one device")
+        if has_padding(idx):
+            pos = pos.to(x.dtype)
+            q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
+            return self._forward_padded(q, kk, v, pos, idx)
+        order = None
+        if self.memory_efficient:
+            order = gather_order(pos, idx, self.out_channels * x.element_size())
+        if order is None:
+            return self._attend(x, pos, idx)
+        inverse = inverse_permutation(order)  # (N,)
+        idx_sorted = inverse[idx.index_select(0, order)]  # (N, k): the same graph, rows renumbered
+        y = self._attend(permute_rows(x, order, inverse), permute_rows(pos, order, inverse), idx_sorted)
+        return permute_rows(y, inverse, order)  # (N, C) in input order
+
+    def _attend(self, x: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
+        """The layer on a checked input without padding."""
         n, k = idx.shape
         pos = pos.to(x.dtype)
         q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
-        if has_padding(idx):
-            return self._forward_padded(q, kk, v, pos, idx)
         proj: nn.Linear = self.linear_p[-1]
         if self.memory_efficient and self.position_encoding == "mlp" and self.norm == "batch":
             hidden = position_hidden(self.linear_p[0], self.linear_p[1], pos, idx)  # (N, k, d)

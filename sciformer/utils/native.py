@@ -1,5 +1,5 @@
 """The package's optional compiled kernels, called through ctypes: loading, pointers, and
-large output blocks on huge pages (:func:`empty_large`).
+large output blocks on huge pages, reused across steps (:func:`empty_large`).
 
 ``setup.py`` builds them as optional extensions: where no C++ compiler is present the
 package installs without them and every caller falls back to a torch / NumPy path.
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from sciformer.utils.block_cache import CACHE
 
 
 def load_library(
@@ -70,17 +72,15 @@ def _madvise_huge(address: int, nbytes: int) -> None:
 
 
 def empty_large(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``like.new_empty(shape)``; a CPU block of 2 MiB or more starts on a 2 MiB boundary and
-    is advised onto transparent huge pages before its first touch, so that filling it takes
-    one page fault per 2 MiB instead of one per 4 KiB (a point layer allocates tens of MB of
-    per-edge and per-point tensors per step, and a 4 KiB fault costs microseconds)."""
+    """``like.new_empty(shape)``; a CPU block of 2 MiB or more comes from
+    :mod:`~sciformer.utils.block_cache` (reused across training steps instead of faulted in
+    and zeroed by the kernel again each step), starts on a 2 MiB boundary and is advised onto
+    transparent huge pages, so that its first fill takes one page fault per 2 MiB instead of
+    one per 4 KiB (a point layer allocates tens of MB of per-edge tensors per step)."""
     numel = math.prod(shape)
     nbytes = numel * like.element_size()
     if like.device.type != "cpu" or nbytes < _HUGE_PAGE:
         return like.new_empty(shape)
-    pad = _HUGE_PAGE // like.element_size()
-    flat = like.new_empty(numel + pad)  # room to start on a huge-page boundary
-    skip = (-flat.data_ptr() % _HUGE_PAGE) // like.element_size()
-    out = flat[skip : skip + numel].view(shape)
+    out = CACHE.take(nbytes).view(like.dtype).view(shape)
     _madvise_huge(out.data_ptr(), out.nbytes)
     return out

@@ -33,7 +33,8 @@ STAGE1_GRADS = ("gW1", "gA", "gB", "gWaT", "gP")
 STAGE2_GRADS = ("gV", "gWpT", "gP", "gu", "gs2", "gt2", "gW2")
 # (m, k, C, G, d, M); a tile holds max(1, 32768 // (C k)) points: one tile; 64 + 6; 32 + 5;
 # one tile; five tiles of one point; one tile
-SHAPES = [(1, 1, 1, 1, 1, 1), (70, 16, 32, 32, 3, 90), (37, 16, 64, 8, 3, 50), (9, 5, 12, 4, 1, 11), (5, 64, 1024, 128, 3, 7), (3, 2, 6, 6, 5, 4)]
+SHAPES = [(1, 1, 1, 1, 1, 1), (70, 16, 32, 32, 3, 90), (37, 16, 64, 8, 3, 50), (9, 5, 12, 4, 1, 11), (5, 64, 1024, 128, 3, 7), (3, 2, 6, 6, 5, 4),
+          (11, 7, 48, 24, 4, 20), (6, 3, 16, 16, 2, 9)]  # G % 8: matrix-product or loop P^T p; d = 3 or not: gP sums
 TOL = 5e-5  # float32 against float64, sums of up to 1024 products
 
 
@@ -127,7 +128,7 @@ def backward2(x: dict[str, Tensor], gy: Tensor, p: Tensor, grads: dict[str, Tens
 
 # (R, K, N): R % 6 (row blocks of the product) and K % 6 (those of the transposed one) take
 # every value; N: 16-column panels, an 8-column panel, a padded panel of 4-7 columns, scalar
-# columns; R = 300: row blocks of 128
+# columns; R = 300: row blocks of 64 (four whole, one of 44)
 @pytest.mark.parametrize(
     "r,kk,n",
     [(1, 1, 1), (2, 5, 3), (3, 64, 8), (4, 6, 16), (5, 3, 24), (6, 2, 70), (7, 64, 64), (13, 3, 1), (300, 64, 70), (300, 7, 24), (10, 1, 31),
