@@ -83,16 +83,16 @@ def spatial_order(points: np.ndarray) -> np.ndarray:
         points: (N, D) -> (N,) int64
     """
     n = points.shape[0]
-    cols = np.ascontiguousarray(points[:, :3].T)  # (3, N): contiguous rows reduce fast
+    cols = np.multiply(points[:, :3].T, 0.5, dtype=np.float64, order="C")  # (3, N); halves never overflow
     lo, hi = cols.min(axis=1), cols.max(axis=1)
-    scale = ((1 << _CODE_BITS) - 1) / max(float((hi - lo).max()), 1e-30)
+    scale = ((1 << _CODE_BITS) - 1) / max(float((hi - lo).max()), 1e-300)
     code = np.zeros(n, dtype=np.int64)
     buf = np.empty(n, dtype=np.float64)
     cell = np.empty(n, dtype=np.int64)
     for axis in range(cols.shape[0]):
-        np.subtract(cols[axis], lo[axis], out=buf, dtype=np.float64)
+        np.subtract(cols[axis], lo[axis], out=buf)
         buf *= scale
-        np.clip(buf, 0, (1 << _CODE_BITS) - 1, out=buf)
+        np.clip(np.nan_to_num(buf, copy=False), 0, (1 << _CODE_BITS) - 1, out=buf)  # NaN: cell 0
         cell[:] = buf
         code |= _SPREAD[cell] << axis
     index_bits = max(n - 1, 1).bit_length()
@@ -120,14 +120,14 @@ def is_scattered(points: np.ndarray) -> bool:
     if n < max(_SORT_MIN, 3 * size):
         return False
     rows = np.linspace(0, n - size, num=3).astype(np.int64)[:, None] + np.arange(size)  # (3, S)
-    blocks = points[rows, :3].astype(np.float64)  # (3, S, <=3)
+    blocks = points[rows, :3].astype(np.float64) * 0.5  # (3, S, <=3); halves never overflow
     lo = blocks.min(axis=1, keepdims=True)  # (3, 1, <=3)
     extent = (blocks.max(axis=1, keepdims=True) - lo).max(axis=2, keepdims=True)  # (3, 1, 1)
-    cells = ((blocks - lo) * (((1 << _CODE_BITS) - 1) / np.maximum(extent, 1e-30))).astype(np.int64)
-    np.clip(cells, 0, (1 << _CODE_BITS) - 1, out=cells)
+    scaled = np.nan_to_num((blocks - lo) * (((1 << _CODE_BITS) - 1) / np.maximum(extent, 1e-300)))
+    cells = np.clip(scaled, 0, (1 << _CODE_BITS) - 1).astype(np.int64)
     code = (_SPREAD[cells] << np.arange(cells.shape[2])).sum(axis=2)  # (3, S): disjoint bits
-    ordered = np.take_along_axis(blocks, np.argsort(code, axis=1, kind="stable")[..., None], axis=1)
-    stored = np.median(np.square(np.diff(blocks, axis=1)).sum(axis=2), axis=1)  # (3,) squared
+    ordered = np.take_along_axis(scaled, np.argsort(code, axis=1, kind="stable")[..., None], axis=1)
+    stored = np.median(np.square(np.diff(scaled, axis=1)).sum(axis=2), axis=1)  # (3,) squared, in cells
     curve = np.median(np.square(np.diff(ordered, axis=1)).sum(axis=2), axis=1)
     ratio = np.where(curve > 0, stored / np.maximum(curve, 1e-300), np.where(stored > 0, np.inf, 1.0))
     return float(np.median(ratio)) > _SCATTER_RATIO**2

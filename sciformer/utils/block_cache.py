@@ -7,23 +7,30 @@ kernel's zeroing of fresh pages again; on a busy machine that cost grows to seve
 the work done on the block. This cache keeps freed blocks and hands them out again, as
 PyTorch's CUDA caching allocator does on a GPU:
 
-- a block is free when no tensor uses its storage any more (the storage's reference count
-  is back to the cache's own);
+- a block is free when nothing uses its storage any more: its C++ reference count (tensors
+  and views) and the Python reference count of its storage object (``untyped_storage()``
+  or ``storage()`` kept by a caller) are back to the cache's own. A block whose storage was
+  resized, reallocated or moved to shared memory (``share_memory_``, sent to another
+  process) leaves the cache for good: its memory is no longer the cache's to hand out;
 - a request takes the smallest free block that holds it and wastes at most a quarter of
   its size (otherwise a new block, a multiple of 2 MiB, starting on a 2 MiB boundary);
-- a free block not taken again for ``max_idle`` requests is returned to the system, so
-  memory held for sizes no longer used (a different cloud size, evaluation after
-  training) goes back on its own; :func:`release_cached_blocks` returns all free blocks now.
+- the blocks held stay within ``max_held`` times the peak of the blocks in use at one time
+  (least recently taken free blocks go first), and a free block not taken again for
+  ``max_idle`` requests is returned to the system, so memory held for sizes no longer
+  used (growing or varying cloud sizes, evaluation after training) goes back on its own;
+  :func:`release_cached_blocks` returns all free blocks now.
 
-What the cache holds is at most about the peak of the blocks in use at one time, which
-the process has already needed. Contents of a block handed out are undefined (as
-``torch.empty``). Where the reference count is unavailable (another PyTorch build) or
+Contents of a block handed out are undefined (as ``torch.empty``); blocks are never
+inference tensors. Where the reference counts are unavailable (another PyTorch build) or
 ``enabled`` is False, every request allocates afresh.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -32,40 +39,62 @@ ALIGN = 2 << 20  # bytes: blocks start on, and are sized in, 2 MiB (a huge page)
 enabled = True  # False: no reuse (every request allocates a new block)
 
 
-def _use_count(block: torch.Tensor) -> int:
-    """References to the block's storage (tensors and views on it, plus the temporary here)."""
-    return int(torch._C._storage_Use_Count(block.untyped_storage()._cdata))
+def _refs(block: torch.Tensor) -> tuple[int, int]:
+    """(C++ references to the block's storage, Python references to its storage object),
+    each including the temporaries of this call."""
+    storage = block.untyped_storage()
+    return int(torch._C._storage_Use_Count(storage._cdata)), sys.getrefcount(storage)
 
 
 def _supported() -> bool:
     try:
-        return _use_count(torch.empty(1)) > 0
+        return _refs(torch.empty(1))[0] > 0
     except (AttributeError, RuntimeError, TypeError):
         return False
 
 
-@dataclass
+@dataclass(eq=False)  # identity: blocks hold tensors
 class _Block:
     data: torch.Tensor  # (capacity,) uint8, 2 MiB aligned
-    own_refs: int  # use count while only the cache holds it
+    own: tuple[int, int]  # _refs while only the cache holds it
+    address: int  # data_ptr and storage size at creation: a change means the storage
+    storage_bytes: int  # was resized, reallocated or shared, and the block is not ours
     last_taken: int  # request counter at the last hand-out
+
+    def state(self) -> str:
+        """'free', 'busy' or 'gone' (storage changed: dropped from the cache)."""
+        storage = self.data.untyped_storage()
+        if storage.data_ptr() != self.address or storage.nbytes() != self.storage_bytes or storage.is_shared():
+            return "gone"
+        del storage
+        refs = _refs(self.data)
+        return "free" if refs[0] <= self.own[0] and refs[1] <= self.own[1] else "busy"
 
 
 class BlockCache:
     """Free-block cache for large CPU tensors; see the module docstring.
 
-    ``max_idle``: requests after which an untaken free block is released;
-    ``max_waste``: largest unused fraction of a block that may serve a request.
+    ``min_bytes``: smaller requests are allocated afresh; ``max_idle``: requests after which
+    an untaken free block is released; ``max_waste``: largest unused fraction of a block
+    that may serve a request; ``max_held``: bound on the bytes held, as a multiple of the
+    peak bytes of blocks in use at one time.
     """
 
-    def __init__(self, min_bytes: int = 32 << 20, max_idle: int = 4096, max_waste: float = 0.25) -> None:
+    def __init__(
+        self, min_bytes: int = 32 << 20, max_idle: int = 4096, max_waste: float = 0.25, max_held: float = 1.25
+    ) -> None:
         self.min_bytes = min_bytes
         self.max_idle = max_idle
         self.max_waste = max_waste
+        self.max_held = max_held
         self._blocks: list[_Block] = []
         self._requests = 0
+        self._peak = 0
         self._lock = threading.Lock()
         self._supported: bool | None = None
+        if hasattr(os, "register_at_fork"):  # a fork while another thread holds the lock
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _reset_lock(ref))
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A (nbytes,) uint8 CPU tensor starting on a 2 MiB boundary, from a free block if
@@ -77,46 +106,65 @@ class BlockCache:
         with self._lock:
             self._requests += 1
             best: _Block | None = None
-            kept = []
+            busy: list[_Block] = []
+            free: list[_Block] = []
             for block in self._blocks:
-                if _use_count(block.data) > block.own_refs:
-                    kept.append(block)  # in use
-                    continue
-                if self._requests - block.last_taken > self.max_idle:
-                    continue  # idle too long: dropped from the cache, freed
-                kept.append(block)
-                cap = block.data.numel()
-                fits = nbytes <= cap and cap - nbytes <= self.max_waste * cap
-                if fits and (best is None or cap < best.data.numel()):
-                    best = block
-            self._blocks = kept
+                state = block.state()
+                if state == "busy":
+                    busy.append(block)
+                elif state == "free" and self._requests - block.last_taken <= self.max_idle:
+                    free.append(block)  # (idle too long or gone: dropped, freed by the last user)
+                    cap = block.data.numel()
+                    fits = nbytes <= cap and cap - nbytes <= self.max_waste * cap
+                    if fits and (best is None or cap < best.data.numel()):
+                        best = block
             if best is None:
                 data = _aligned(-(-nbytes // ALIGN) * ALIGN)
-                best = _Block(data, _use_count(data), 0)
-                self._blocks.append(best)
+                storage = data.untyped_storage()
+                best = _Block(data, (0, 0), storage.data_ptr(), storage.nbytes(), 0)
+                del storage
+                best.own = _refs(data)
+            else:
+                free.remove(best)
             best.last_taken = self._requests
+            busy.append(best)
+            in_use = sum(b.data.numel() for b in busy)
+            self._peak = max(self._peak, in_use)
+            free.sort(key=lambda b: b.last_taken)  # least recently taken first
+            held = in_use + sum(b.data.numel() for b in free)
+            while free and held > self.max_held * self._peak:
+                held -= free.pop(0).data.numel()
+            self._blocks = busy + free
             return best.data[:nbytes]
 
     def release(self) -> int:
         """Return every free block to the system; the number of bytes released."""
         with self._lock:
-            free = [b for b in self._blocks if _use_count(b.data) <= b.own_refs]
-            self._blocks = [b for b in self._blocks if _use_count(b.data) > b.own_refs]
-            return sum(b.data.numel() for b in free)
+            states = [(b, b.state()) for b in self._blocks]
+            self._blocks = [b for b, state in states if state == "busy"]
+            return sum(b.data.numel() for b, state in states if state == "free")
 
     def cached_bytes(self) -> tuple[int, int]:
         """(bytes of all blocks held, bytes of the free ones among them)."""
         with self._lock:
-            total = sum(b.data.numel() for b in self._blocks)
-            free = sum(b.data.numel() for b in self._blocks if _use_count(b.data) <= b.own_refs)
-            return total, free
+            states = [(b.data.numel(), b.state()) for b in self._blocks]
+            total = sum(n for n, state in states if state != "gone")
+            return total, sum(n for n, state in states if state == "free")
+
+
+def _reset_lock(ref: weakref.ref) -> None:
+    cache = ref()
+    if cache is not None:
+        cache._lock = threading.Lock()
 
 
 def _aligned(nbytes: int) -> torch.Tensor:
-    """A fresh (nbytes,) uint8 CPU tensor starting on a 2 MiB boundary."""
-    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
-    skip = -raw.data_ptr() % ALIGN
-    return raw[skip : skip + nbytes]
+    """A fresh (nbytes,) uint8 CPU tensor starting on a 2 MiB boundary (never an inference
+    tensor, whatever mode the caller is in)."""
+    with torch.inference_mode(False):
+        raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
+        skip = -raw.data_ptr() % ALIGN
+        return raw[skip : skip + nbytes]
 
 
 CACHE = BlockCache()

@@ -115,3 +115,21 @@ def test_compiled_float32_layer_reordered_matches_input_order(monkeypatch: pytes
     b = run(other, x, pos, idx, gout)
     scale = max(float(t.abs().max()) for t in (a[0], a[1], a[2]))
     assert_same_run(a, b, atol=2e-5 * scale, rtol=1e-4)
+
+
+def test_coordinates_whose_span_overflows_give_what_the_input_order_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    n, k, c = 300, 8, 16
+    pos, idx = make_cloud(n, k, seed=7)
+    top = torch.finfo(torch.float64).max
+    pos = (pos - 0.5) * top
+    pos[0], pos[1] = top, -top  # finite; the span overflows float64
+    torch.manual_seed(0)
+    layer = PointTransformerLayer(c).double()
+    other = copy.deepcopy(layer)
+    x = torch.randn(n, c, dtype=torch.float64)
+    _reordering(monkeypatch, True)
+    assert gather_order(pos, idx, c * 8) is not None
+    a = layer(x, pos, idx)
+    _reordering(monkeypatch, False)
+    b = other(x, pos, idx)
+    torch.testing.assert_close(a, b, equal_nan=True)

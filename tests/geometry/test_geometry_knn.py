@@ -190,6 +190,28 @@ def test_morton_order_only_where_the_stored_order_is_scattered():
     assert spatial_order(cells).tolist() == [0, 5, 2, 3, 4, 1]  # z-curve: x lowest bit
 
 
+@pytest.mark.filterwarnings("error")
+def test_morton_order_of_clouds_whose_span_overflows_or_holds_nan():
+    """Finite float64 coordinates near the largest float (their span overflows) and NaN
+    give a permutation and a decision, no warning or error; the order of a scaled-down
+    copy (exact, by a power of two) is the same."""
+    from sciformer.geometry.knn_backends import is_scattered, spatial_order
+
+    rng = np.random.default_rng(13)
+    unit = rng.random((9000, 3)) - 0.5
+    top = np.finfo(np.float64).max
+    huge = unit * top  # finite; with the extremes below, the span overflows float64
+    huge[0], huge[1] = top, -top
+    with np.errstate(over="ignore"):
+        assert np.isfinite(huge).all() and not np.isfinite(huge.max(0) - huge.min(0)).any()
+    assert np.array_equal(spatial_order(huge), spatial_order(huge / 4))  # exact rescaling: same cells
+    assert is_scattered(huge) and is_scattered(unit)
+    with_nan = unit.copy()
+    with_nan[::7, 1] = np.nan
+    assert np.array_equal(np.sort(spatial_order(with_nan)), np.arange(9000))
+    is_scattered(with_nan)
+
+
 @pytest.mark.skipif(not available_backends()["pykdtree"], reason="pykdtree not installed")
 def test_pykdtree_threads_follow_torch_and_are_restored():
     pytest.importorskip("threadpoolctl")

@@ -18,7 +18,7 @@ MB = 1 << 20
 
 @pytest.fixture
 def cache() -> BlockCache:
-    return BlockCache(min_bytes=2 * MB, max_idle=1000)
+    return BlockCache(min_bytes=2 * MB, max_idle=1000, max_held=100.0)  # bound tested apart
 
 
 def span(t: torch.Tensor) -> tuple[int, int]:
@@ -154,7 +154,13 @@ def test_random_traffic_never_hands_out_a_block_in_use_and_stays_bounded() -> No
                 peak[0] = max(peak[0], sum(x.numel() for x, _ in live))
             mine.append((t, mark))
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    def guarded(seed: int) -> None:
+        try:
+            worker(seed)
+        except Exception as exc:  # noqa: BLE001 - any failure in a thread fails the test
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=guarded, args=(s,)) for s in range(4)]
     for th in threads:
         th.start()
     for th in threads:
@@ -184,3 +190,88 @@ def test_empty_large_reuses_the_block_of_a_freed_tensor(monkeypatch: pytest.Monk
     assert c.data_ptr() == pa
     d = empty_large(torch.empty(0, dtype=torch.float64), (n // 2,))
     assert d.dtype == torch.float64 and d.data_ptr() not in (pa, b.data_ptr())  # both in use
+
+
+@pytest.mark.parametrize("keep", ["untyped_storage", "storage"])
+def test_a_kept_storage_object_keeps_its_block_in_use(cache: BlockCache, keep: str) -> None:
+    a = cache.take(4 * MB)
+    a.fill_(1)
+    with pytest.warns(UserWarning) if keep == "storage" else _no_warning():
+        held = getattr(a, keep)()
+    pa, off = a.data_ptr(), a.storage_offset()
+    del a
+    b = cache.take(4 * MB)
+    assert b.data_ptr() != pa
+    b.fill_(7)
+    assert held[off] == 1 and held[off + 4 * MB - 1] == 1
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_blocks_shared_resized_or_grown_leave_the_cache(cache: BlockCache) -> None:
+    shared = cache.take(4 * MB)
+    shared.share_memory_()  # e.g. sent to another process, which may still read it
+    p_shared = shared.data_ptr()
+    shrunk = cache.take(4 * MB)
+    shrunk.untyped_storage().resize_(0)
+    grown = cache.take(4 * MB)
+    with pytest.warns(UserWarning, match="resized"):
+        torch.add(torch.zeros(6 * MB, dtype=torch.uint8), 1, out=grown)  # out= resizes the tensor
+    del shared, shrunk, grown
+    assert cache.cached_bytes() == (0, 0)  # none of the three is the cache's any more
+    fresh = [cache.take(4 * MB) for _ in range(3)]
+    assert all(t.data_ptr() % ALIGN == 0 for t in fresh) and p_shared not in {t.data_ptr() for t in fresh}
+    assert all(int(t.fill_(3)[-1]) == 3 for t in fresh)
+
+
+def test_held_bytes_stay_near_the_peak_in_use_for_growing_and_random_sizes() -> None:
+    cache = BlockCache(min_bytes=2 * MB)  # default max_held 1.25, max_idle 4096
+    peak = 0
+    rng = random.Random(5)
+    sizes = [2 * MB + 3 * MB * i for i in range(40)] + [rng.randint(2 * MB, 64 * MB) for _ in range(300)]
+    for n in sizes:  # one block in use at a time
+        t = cache.take(n)
+        peak = max(peak, -(-n // ALIGN) * ALIGN)
+        total, _ = cache.cached_bytes()
+        assert total <= 1.25 * peak + ALIGN, (n, total, peak)
+        del t
+
+
+def test_blocks_made_in_inference_mode_serve_training(cache: BlockCache) -> None:
+    with torch.inference_mode():
+        t = cache.take(4 * MB)
+        assert not t.is_inference()
+    del t
+    x = torch.randn(100, requires_grad=True)
+    buf = cache.take(4 * MB).view(torch.float32)[:100]
+    assert not buf.is_inference()
+    (buf.copy_(x) * x).sum().backward()  # usable in autograd
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_holds_the_lock_leaves_the_child_usable(cache: BlockCache) -> None:
+    import os
+
+    cache.take(4 * MB)  # the cache is set up
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with cache._lock:
+            holding.set()
+            release.wait(10)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    holding.wait(10)
+    pid = os.fork()
+    if pid == 0:  # child: the lock's holder does not exist here
+        code = 0 if cache.take(4 * MB).numel() == 4 * MB else 1
+        os._exit(code)
+    release.set()
+    th.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
