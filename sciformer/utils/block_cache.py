@@ -13,7 +13,8 @@ PyTorch's CUDA caching allocator does on a GPU:
   resized, reallocated or moved to shared memory (``share_memory_``, sent to another
   process) leaves the cache for good: its memory is no longer the cache's to hand out;
 - a request takes the smallest free block that holds it and wastes at most a quarter of
-  its size (otherwise a new block, a multiple of 2 MiB, starting on a 2 MiB boundary);
+  its size (otherwise a new block, a multiple of 2 MiB on a private mapping of its own,
+  starting on a 2 MiB boundary and advised onto huge pages; its storage cannot be resized);
 - the blocks held stay within ``max_held`` times the peak of the blocks in use at one time
   (least recently taken free blocks go first), and a free block not taken again for
   ``max_idle`` requests is returned to the system, so memory held for sizes no longer
@@ -27,6 +28,7 @@ inference tensors. Where the reference counts are unavailable (another PyTorch b
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -119,7 +121,7 @@ class BlockCache:
                     if fits and (best is None or cap < best.data.numel()):
                         best = block
             if best is None:
-                data = _aligned(-(-nbytes // ALIGN) * ALIGN)
+                data = _mapped(-(-nbytes // ALIGN) * ALIGN)
                 storage = data.untyped_storage()
                 best = _Block(data, (0, 0), storage.data_ptr(), storage.nbytes(), 0)
                 del storage
@@ -165,6 +167,25 @@ def _aligned(nbytes: int) -> torch.Tensor:
         raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
         skip = -raw.data_ptr() % ALIGN
         return raw[skip : skip + nbytes]
+
+
+def _mapped(nbytes: int) -> torch.Tensor:
+    """A (nbytes,) uint8 tensor on a fresh private anonymous mapping of its own, starting on
+    a 2 MiB boundary and advised onto transparent huge pages (unmapped once nothing uses
+    it). Its own mapping, not glibc's heap: never pages another allocation faulted in
+    before, and its storage cannot be resized. ``_aligned`` where mmap lacks the flags."""
+    if not all(hasattr(mmap, f) for f in ("MAP_PRIVATE", "MAP_ANONYMOUS")):
+        return _aligned(nbytes)
+    mapping = mmap.mmap(-1, nbytes + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with torch.inference_mode(False):
+        raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
+    skip = -raw.data_ptr() % ALIGN
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE, skip, nbytes)
+        except OSError:
+            pass  # advice only
+    return raw[skip : skip + nbytes]
 
 
 CACHE = BlockCache()

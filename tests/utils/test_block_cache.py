@@ -212,20 +212,20 @@ def _no_warning():
     return contextlib.nullcontext()
 
 
-def test_blocks_shared_resized_or_grown_leave_the_cache(cache: BlockCache) -> None:
+def test_shared_blocks_leave_the_cache_and_blocks_cannot_be_resized(cache: BlockCache) -> None:
     shared = cache.take(4 * MB)
     shared.share_memory_()  # e.g. sent to another process, which may still read it
     p_shared = shared.data_ptr()
-    shrunk = cache.take(4 * MB)
-    shrunk.untyped_storage().resize_(0)
-    grown = cache.take(4 * MB)
-    with pytest.warns(UserWarning, match="resized"):
-        torch.add(torch.zeros(6 * MB, dtype=torch.uint8), 1, out=grown)  # out= resizes the tensor
-    del shared, shrunk, grown
-    assert cache.cached_bytes() == (0, 0)  # none of the three is the cache's any more
-    fresh = [cache.take(4 * MB) for _ in range(3)]
-    assert all(t.data_ptr() % ALIGN == 0 for t in fresh) and p_shared not in {t.data_ptr() for t in fresh}
-    assert all(int(t.fill_(3)[-1]) == 3 for t in fresh)
+    fixed = cache.take(4 * MB).fill_(5)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        fixed.untyped_storage().resize_(0)
+    assert int(fixed[0]) == 5 and int(fixed[-1]) == 5  # still the cache's block, intact
+    p_fixed = fixed.data_ptr()
+    del shared, fixed
+    assert cache.cached_bytes() == (4 * MB, 4 * MB)  # the shared one is not the cache's any more
+    fresh = [cache.take(4 * MB) for _ in range(2)]
+    assert p_shared not in {t.data_ptr() for t in fresh} and p_fixed in {t.data_ptr() for t in fresh}
+    assert all(t.data_ptr() % ALIGN == 0 and int(t.fill_(3)[-1]) == 3 for t in fresh)
 
 
 def test_held_bytes_stay_near_the_peak_in_use_for_growing_and_random_sizes() -> None:
