@@ -24,6 +24,16 @@ def data_root() -> Path:
     return root
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (restored after): tiny tensors, where thread wake-ups
+    would dominate on shared CPUs, as ``train.threads=1`` gives a run."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep preprocessing caches of tests out of the user's ~/.cache."""

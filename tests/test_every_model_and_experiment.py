@@ -101,13 +101,7 @@ TINY_DATA = {"hsi_scene": _hsi, "modelnet": _modelnet, "s3dis": _s3dis, "shapene
 BY_MODALITY = {"spectral": "indian_pines_demo", "cls": "modelnet10", "seg": "lidar_tiles"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread, as ``train.threads=1`` gives a run: tiny steps gain nothing from more."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as train.threads=1 gives a run: tiny steps gain nothing from more
 
 
 def one_step(raw: dict[str, Any], tmp_path: Path) -> None:

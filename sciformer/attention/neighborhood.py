@@ -253,25 +253,24 @@ class PointTransformerLayer(nn.Module):
         idx = check_neighbor_index(idx, x.shape[0], x.shape[0], allow_padding=True)
         if idx.device != x.device:
             raise DataError(f"idx is on {idx.device} but x is on {x.device}; expected one device")
-        if has_padding(idx):
-            pos = pos.to(x.dtype)
-            q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
-            return self._forward_padded(q, kk, v, pos, idx)
+        padded = has_padding(idx)
         order = None
-        if self.memory_efficient:
+        if self.memory_efficient and not padded:
             order = gather_order(pos, idx, self.out_channels * x.element_size())
         if order is None:
-            return self._attend(x, pos, idx)
+            return self._attend(x, pos, idx, padded)
         inverse = inverse_permutation(order)  # (N,)
         idx_sorted = inverse[idx.index_select(0, order)]  # (N, k): the same graph, rows renumbered
-        y = self._attend(permute_rows(x, order, inverse), permute_rows(pos, order, inverse), idx_sorted)
+        y = self._attend(permute_rows(x, order, inverse), permute_rows(pos, order, inverse), idx_sorted, False)
         return permute_rows(y, inverse, order)  # (N, C) in input order
 
-    def _attend(self, x: Tensor, pos: Tensor, idx: Tensor) -> Tensor:
-        """The layer on a checked input without padding."""
+    def _attend(self, x: Tensor, pos: Tensor, idx: Tensor, padded: bool) -> Tensor:
+        """The layer on a checked input (``padded``: idx holds -1 entries)."""
         n, k = idx.shape
         pos = pos.to(x.dtype)
         q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
+        if padded:
+            return self._forward_padded(q, kk, v, pos, idx)
         proj: nn.Linear = self.linear_p[-1]
         if self.memory_efficient and self.position_encoding == "mlp" and self.norm == "batch":
             hidden = position_hidden(self.linear_p[0], self.linear_p[1], pos, idx)  # (N, k, d)

@@ -28,6 +28,7 @@ inference tensors. Where the reference counts are unavailable (another PyTorch b
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import sys
@@ -39,6 +40,8 @@ import torch
 
 ALIGN = 2 << 20  # bytes: blocks start on, and are sized in, 2 MiB (a huge page)
 enabled = True  # False: no reuse (every request allocates a new block)
+_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+_libc: ctypes.CDLL | None = None
 
 
 def _refs(block: torch.Tensor) -> tuple[int, int]:
@@ -62,6 +65,15 @@ class _Block:
     address: int  # data_ptr and storage size at creation: a change means the storage
     storage_bytes: int  # was resized, reallocated or shared, and the block is not ours
     last_taken: int  # request counter at the last hand-out
+
+    @classmethod
+    def new(cls, nbytes: int) -> _Block:
+        """A block on a fresh mapping of ``nbytes`` (a multiple of 2 MiB)."""
+        data = _mapped(nbytes)
+        storage = data.untyped_storage()
+        address, size = storage.data_ptr(), storage.nbytes()
+        del storage
+        return cls(data, _refs(data), address, size, 0)
 
     def state(self) -> str:
         """'free', 'busy' or 'gone' (storage changed: dropped from the cache)."""
@@ -99,8 +111,9 @@ class BlockCache:
             os.register_at_fork(after_in_child=lambda: _reset_lock(ref))
 
     def take(self, nbytes: int) -> torch.Tensor:
-        """A (nbytes,) uint8 CPU tensor starting on a 2 MiB boundary, from a free block if
-        one fits, else newly allocated (and kept for reuse once freed)."""
+        """A (nbytes,) uint8 CPU tensor starting on a 2 MiB boundary and advised onto huge
+        pages: from a free block if one fits, else newly allocated (and kept for reuse once
+        freed); below ``min_bytes`` always newly allocated, not kept."""
         if self._supported is None:
             self._supported = _supported()
         if not (enabled and self._supported) or nbytes < self.min_bytes:
@@ -121,11 +134,7 @@ class BlockCache:
                     if fits and (best is None or cap < best.data.numel()):
                         best = block
             if best is None:
-                data = _mapped(-(-nbytes // ALIGN) * ALIGN)
-                storage = data.untyped_storage()
-                best = _Block(data, (0, 0), storage.data_ptr(), storage.nbytes(), 0)
-                del storage
-                best.own = _refs(data)
+                best = _Block.new(-(-nbytes // ALIGN) * ALIGN)
             else:
                 free.remove(best)
             best.last_taken = self._requests
@@ -160,13 +169,32 @@ def _reset_lock(ref: weakref.ref) -> None:
         cache._lock = threading.Lock()
 
 
+def _advise_huge(address: int, nbytes: int) -> None:
+    """Ask Linux to back the whole 2 MiB pages inside [address, address + nbytes) with huge
+    pages when first touched; silently nothing where unsupported."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _libc.madvise.restype = ctypes.c_int
+    start = -(-address // ALIGN) * ALIGN
+    end = (address + nbytes) // ALIGN * ALIGN
+    if end > start:
+        _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failures are harmless
+
+
 def _aligned(nbytes: int) -> torch.Tensor:
-    """A fresh (nbytes,) uint8 CPU tensor starting on a 2 MiB boundary (never an inference
-    tensor, whatever mode the caller is in)."""
+    """A fresh (nbytes,) uint8 CPU tensor from torch's allocator, starting on a 2 MiB
+    boundary and advised onto huge pages (never an inference tensor, whatever mode the
+    caller is in)."""
     with torch.inference_mode(False):
         raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
         skip = -raw.data_ptr() % ALIGN
-        return raw[skip : skip + nbytes]
+        out = raw[skip : skip + nbytes]
+    _advise_huge(out.data_ptr(), nbytes)
+    return out
 
 
 def _mapped(nbytes: int) -> torch.Tensor:
@@ -179,13 +207,10 @@ def _mapped(nbytes: int) -> torch.Tensor:
     mapping = mmap.mmap(-1, nbytes + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with torch.inference_mode(False):
         raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
-    skip = -raw.data_ptr() % ALIGN
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            mapping.madvise(mmap.MADV_HUGEPAGE, skip, nbytes)
-        except OSError:
-            pass  # advice only
-    return raw[skip : skip + nbytes]
+        skip = -raw.data_ptr() % ALIGN
+        out = raw[skip : skip + nbytes]
+    _advise_huge(out.data_ptr(), nbytes)
+    return out
 
 
 CACHE = BlockCache()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sciformer.utils.block_cache import CACHE
+from sciformer.utils.block_cache import ALIGN, CACHE
 
 
 def load_library(
@@ -50,37 +49,14 @@ def pointer(tensor: Any) -> int | None:
     return int(tensor.data_ptr())
 
 
-_HUGE_PAGE = 2 << 20  # bytes of an x86-64 / arm64 transparent huge page
-_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
-_libc: ctypes.CDLL | None = None
-
-
-def _madvise_huge(address: int, nbytes: int) -> None:
-    """Ask Linux to back the whole 2 MiB pages inside [address, address + nbytes) with huge
-    pages when first touched; silently nothing where unsupported."""
-    global _libc
-    if not sys.platform.startswith("linux"):
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _libc.madvise.restype = ctypes.c_int
-    start = -(-address // _HUGE_PAGE) * _HUGE_PAGE
-    end = (address + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-    if end > start:
-        _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: failures are harmless
-
-
 def empty_large(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``like.new_empty(shape)``; a CPU block of 2 MiB or more comes from
-    :mod:`~sciformer.utils.block_cache` (reused across training steps instead of faulted in
-    and zeroed by the kernel again each step), starts on a 2 MiB boundary and is advised onto
-    transparent huge pages, so that its first fill takes one page fault per 2 MiB instead of
-    one per 4 KiB (a point layer allocates tens of MB of per-edge tensors per step)."""
-    numel = math.prod(shape)
-    nbytes = numel * like.element_size()
-    if like.device.type != "cpu" or nbytes < _HUGE_PAGE:
+    """``like.new_empty(shape)``; a CPU block of 2 MiB or more starts on a 2 MiB boundary and
+    is advised onto transparent huge pages, so that its first fill takes one page fault per
+    2 MiB instead of one per 4 KiB, and one of 32 MiB or more is reused across training
+    steps instead of faulted in and zeroed again each step (both
+    :mod:`~sciformer.utils.block_cache`; a point layer allocates tens of MB of per-edge
+    tensors per step)."""
+    nbytes = math.prod(shape) * like.element_size()
+    if like.device.type != "cpu" or nbytes < ALIGN:
         return like.new_empty(shape)
-    out = CACHE.take(nbytes).view(like.dtype).view(shape)
-    _madvise_huge(out.data_ptr(), out.nbytes)
-    return out
+    return CACHE.take(nbytes).view(like.dtype).view(shape)
