@@ -26,9 +26,11 @@ setup(
         Extension(
             "sciformer.geometry._grid_knn",
             sources=["sciformer/geometry/_grid_knn.cpp"],
-            depends=["sciformer/geometry/_grid_knn_grid.h", "sciformer/geometry/_grid_knn_search.h"],
+            depends=["sciformer/_kernels.h", "sciformer/geometry/_grid_knn_grid.h",
+                     "sciformer/geometry/_grid_knn_search.h"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+            # no contraction into fused multiply-adds: float32 rankings equal on every CPU
+            extra_compile_args=["-O3", "-std=c++17", "-pthread", "-ffp-contract=off"],
             extra_link_args=["-pthread"],
             optional=True,
         ),

@@ -9,9 +9,11 @@
 // either (_grid_knn_grid.h). Queries, taken in cell order, scan the cells of the box q +- r
 // (r from the query before) and keep the points within r; with k of them the answer is
 // exact, else r grows (_grid_knn_search.h). Queries far outside the bulk, or whose box would
-// span too many columns or points, try grids 8 and 64 times coarser; a few left are solved
-// by brute force, more are flagged in `unsettled` for the caller's KD-tree. Ranking is in
-// float32 squared distances, near-ties ranked again in double; distances reported from double.
+// span too many columns or points, are compared with every point when they are few (64, or
+// 2^24 distances in all), else try grids 8 and 64 times coarser first; more than that are
+// flagged in `unsettled` for the caller's KD-tree. Ranking is in float32 squared distances
+// (no fused multiply-adds: the same on every CPU), near-ties ranked again in double;
+// distances reported from double. The hot functions are compiled for AVX2 too (SF_CLONES).
 
 #include <algorithm>
 #include <atomic>
@@ -24,65 +26,13 @@
 #include <thread>
 #include <vector>
 
+#include "../_kernels.h"
 #include "_grid_knn_grid.h"
 #include "_grid_knn_search.h"
 
 namespace sciformer_grid {
 
-// A grid over the support whose cell edge is `scale` times R, the median k-th neighbour
-// distance of 8 to 32 sample support points. R is measured by brute force on every
-// (n / S)-th support point, S = max(4n / k, 4096): the k * S / n-th distance in the thinned
-// cloud estimates the k-th in the whole one, whatever the cloud's shape (volume, surface,
-// line). The grid spans the bulk of the cloud (0.1 to 99.9 % quantiles of the thinned
-// points per axis): a stray point far away would otherwise stretch the cells over the whole
-// cloud (a tail is cut where it reaches farther than the bulk is wide). Points outside lie in
-// the border cells (cells are clamped), which keeps every search exact. Returns false where float32 squared distances would underflow (R < 1e-15).
-enum class Fit { kGood, kUneven, kTooFine };
-
-Fit fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale) {
-  double lo[3], hi[3];
-  bounds(sup, ns, lo, hi);
-  const int64_t stride = std::max<int64_t>(1, ns / std::max<int64_t>(4 * ns / k, 4096));
-  const int64_t thin = (ns + stride - 1) / stride;
-  const int64_t kth_thin = std::max<int64_t>(1, std::min(thin, (k + stride - 1) / stride));
-  const int64_t samples = std::min<int64_t>(ns, std::max<int64_t>(8, std::min<int64_t>(32, ns / 64)));
-  std::vector<float> d(thin), kth(samples);
-  for (int64_t s = 0; s < samples; ++s) {  // samples from the thinned cloud
-    const float* q = sup + 3 * stride * ((s * thin) / samples);
-    for (int64_t j = 0; j < thin; ++j) {
-      const float* p = sup + 3 * j * stride;
-      const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
-      d[j] = dx * dx + dy * dy + dz * dz;
-    }
-    const int64_t nth = std::min(kth_thin == 1 ? 1 : kth_thin - 1, thin - 1);  // k = 1: not itself
-    std::nth_element(d.begin(), d.begin() + nth, d.end());
-    kth[s] = std::sqrt(d[nth]);
-  }
-  std::sort(kth.begin(), kth.end());
-  double radius = kth[samples / 2];
-  // k-th distances spread over more than 25x (density falling with the square of the range and
-  // more, as around a spinning sensor): one cell size cannot serve them, the KD-tree can
-  const bool even = samples < 16 || kth[samples / 10] <= 0 || kth[samples - 1 - samples / 10] <= 25 * kth[samples / 10];
-  if (thin >= 1000) {  // the bulk's box
-    const int64_t cut = thin / 1000;
-    for (int a = 0; a < 3; ++a) {
-      for (int64_t j = 0; j < thin; ++j) d[j] = sup[3 * j * stride + a];
-      std::nth_element(d.begin(), d.begin() + cut, d.end());
-      const double low = d[cut];
-      std::nth_element(d.begin(), d.end() - 1 - cut, d.end());
-      const double high = d[thin - 1 - cut], width = high - low;
-      if (lo[a] < low - width) lo[a] = low - 0.01 * width;  // cut only tails longer than the bulk
-      if (hi[a] > high + width) hi[a] = high + 0.01 * width;
-    }
-  }
-  double big = 0;
-  for (int a = 0; a < 3; ++a) big = std::max(big, hi[a] - lo[a]);
-  if (!(radius > 0)) radius = big > 0 ? big / std::cbrt(double(ns)) : 1;  // mostly duplicates
-  build(g, sup, ns, lo, hi, scale * radius);
-  g.radius = radius;
-  g.far = 4 * radius;
-  return radius < 1e-15 ? Fit::kTooFine : even ? Fit::kGood : Fit::kUneven;
-}
+constexpr int64_t kBruteWork = int64_t(1) << 24;  // distances the last queries may take by brute force
 
 // fn(a, e) over chunks [a, a + chunk) of [0, n), taken in turn by `threads` threads: a
 // thread slowed by another process (or a thread pool still spinning) takes fewer chunks. The
@@ -110,29 +60,98 @@ void parallel_for(int64_t n, int64_t threads, int64_t chunk, F fn) {
   if (failed) std::rethrow_exception(failed);
 }
 
-// Queries [a, b) of one cloud (positions in `qorder`) against grid g.
-void search_rows(const Grid& g, const float* qry, const int64_t* qorder, int64_t a, int64_t b, int64_t k, int64_t kk,
-                 int64_t s_base, int64_t q_base, int64_t max_pass, int64_t* out_idx, float* out_dist, int8_t* unsettled) {
-  std::vector<float> d2(kk);
-  std::vector<int64_t> pos(kk);
+// A grid over the support whose cell edge is `scale` times R, the median k-th neighbour
+// distance of 8 to 32 sample support points. R is measured by brute force on every
+// (n / S)-th support point, S = max(4n / k, 4096): the k * S / n-th distance in the thinned
+// cloud estimates the k-th in the whole one, whatever the cloud's shape (volume, surface,
+// line). The grid spans the bulk of the cloud (0.1 to 99.9 % quantiles of the thinned
+// points per axis): a stray point far away would otherwise stretch the cells over the whole
+// cloud (a tail is cut where it reaches farther than the bulk is wide). Points outside lie in
+// the border cells (cells are clamped), which keeps every search exact. Returns false where float32 squared distances would underflow (R < 1e-15).
+enum class Fit { kGood, kUneven, kTooFine };
+
+SF_CLONES Fit fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, double scale, int64_t threads) {
+  double lo[3], hi[3];
+  bounds(sup, ns, lo, hi);
+  const int64_t stride = std::max<int64_t>(1, ns / std::max<int64_t>(4 * ns / k, 4096));
+  const int64_t thin = (ns + stride - 1) / stride;
+  const int64_t kth_thin = std::max<int64_t>(1, std::min(thin, (k + stride - 1) / stride));
+  const int64_t samples = std::min<int64_t>(ns, std::max<int64_t>(8, std::min<int64_t>(32, ns / 64)));
+  std::vector<float> kth(samples);
+  parallel_for(samples, threads, 1, [&](int64_t a, int64_t e) {  // samples from the thinned cloud
+    std::vector<float> d(thin);
+    for (int64_t s = a; s < e; ++s) {
+      const float* q = sup + 3 * stride * ((s * thin) / samples);
+      for (int64_t j = 0; j < thin; ++j) {
+        const float* p = sup + 3 * j * stride;
+        const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
+        d[j] = dx * dx + dy * dy + dz * dz;
+      }
+      const int64_t nth = std::min(kth_thin == 1 ? 1 : kth_thin - 1, thin - 1);  // k = 1: not itself
+      std::nth_element(d.begin(), d.begin() + nth, d.end());
+      kth[s] = std::sqrt(d[nth]);
+    }
+  });
+  std::sort(kth.begin(), kth.end());
+  double radius = kth[samples / 2];
+  // k-th distances spread over more than 25x (density falling with the square of the range and
+  // more, as around a spinning sensor): one cell size cannot serve them, the KD-tree can
+  const bool even = samples < 16 || kth[samples / 10] <= 0 || kth[samples - 1 - samples / 10] <= 25 * kth[samples / 10];
+  if (thin >= 1000) {  // the bulk's box
+    std::vector<float> d(thin);
+    const int64_t cut = thin / 1000;
+    for (int a = 0; a < 3; ++a) {
+      for (int64_t j = 0; j < thin; ++j) d[j] = sup[3 * j * stride + a];
+      std::nth_element(d.begin(), d.begin() + cut, d.end());
+      const double low = d[cut];
+      std::nth_element(d.begin(), d.end() - 1 - cut, d.end());
+      const double high = d[thin - 1 - cut], width = high - low;
+      if (lo[a] < low - width) lo[a] = low - 0.01 * width;  // cut only tails longer than the bulk
+      if (hi[a] > high + width) hi[a] = high + 0.01 * width;
+    }
+  }
+  double big = 0;
+  for (int a = 0; a < 3; ++a) big = std::max(big, hi[a] - lo[a]);
+  if (!(radius > 0)) radius = big > 0 ? big / std::cbrt(double(ns)) : 1;  // mostly duplicates
+  build(g, sup, ns, lo, hi, scale * radius);
+  g.radius = radius;
+  g.far = 4 * radius;
+  return radius < 1e-15 ? Fit::kTooFine : even ? Fit::kGood : Fit::kUneven;
+}
+
+// Queries [a, b) of one cloud (rows `rows[j]`, or j without `rows`) against grid g; `own`:
+// query j is the grid's own point j (a self-query in the grid's order, whose coordinates are
+// read in order). `brute`: each query is compared with every point (the box search left it).
+// Answers go to a buffer in query order first, then to their rows in one pass (rows in cell
+// order lie scattered over the output: stores between searches would miss the cache).
+SF_CLONES __attribute__((flatten)) void search_rows(const Grid& g, const float* qry, const int64_t* rows, bool own, bool brute, int64_t a, int64_t b,
+                 int64_t k, int64_t kk, int64_t s_base, int64_t max_pass, int64_t* out_idx, float* out_dist,
+                 int8_t* unsettled) {
+  std::vector<float> d2(kk), bd((b - a) * k);
+  std::vector<int64_t> pos(kk), bi((b - a) * k);
   Searcher searcher(g, max_pass, g.radius);
   for (int64_t j = a; j < b; ++j) {
-    const int64_t row = qorder ? qorder[j] : j;
-    const float* q = qry + 3 * row;
-    const bool ok = searcher.query(q, kk, pos.data(), d2.data());
-    int64_t* oi = out_idx + (q_base + row) * k;
-    float* od = out_dist + (q_base + row) * k;
-    unsettled[q_base + row] = ok ? 0 : 1;
+    const float* q = own ? g.xyz.data() + 3 * j : qry + 3 * (rows ? rows[j] : j);
+    const bool ok = brute ? searcher.brute(q, kk, pos.data(), d2.data()) : searcher.query(q, kk, pos.data(), d2.data());
+    unsettled[rows ? rows[j] : j] = ok ? 0 : 1;
+    int64_t* oi = bi.data() + (j - a) * k;
+    float* od = bd.data() + (j - a) * k;
     for (int64_t c = 0; c < k; ++c) {
       const bool has = ok && c < kk;
       const float* p = has ? g.xyz.data() + 3 * pos[c] : q;
       const double dx = double(p[0]) - q[0], dy = double(p[1]) - q[1], dz = double(p[2]) - q[2];
       oi[c] = has ? s_base + g.ids[pos[c]] : -1;
       od[c] = has ? float(std::sqrt(dx * dx + dy * dy + dz * dz)) : std::numeric_limits<float>::infinity();
-      // ranked in float32 squared distances, reported from double: restore ascending order
-      // where the two roundings disagree about near-ties (insertion: already nearly sorted)
-      for (int64_t j = c; j > 0 && od[j - 1] > od[j]; --j) std::swap(od[j - 1], od[j]), std::swap(oi[j - 1], oi[j]);
     }
+    // ranked in float32 squared distances, reported from double: restore ascending order
+    // where the two roundings disagree about near-ties (insertion: already nearly sorted)
+    for (int64_t c = 1; c < k; ++c)
+      for (int64_t i = c; i > 0 && od[i - 1] > od[i]; --i) std::swap(od[i - 1], od[i]), std::swap(oi[i - 1], oi[i]);
+  }
+  for (int64_t j = a; j < b; ++j) {
+    const int64_t row = rows ? rows[j] : j;
+    std::copy_n(bi.data() + (j - a) * k, k, out_idx + row * k);
+    std::copy_n(bd.data() + (j - a) * k, k, out_dist + row * k);
   }
 }
 
@@ -167,7 +186,7 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
     const int64_t kk = std::min(k, ns);
     const float* cq = qry + 3 * q0;
     Grid g;
-    const Fit fit = fitted_grid(g, sup + 3 * s0, ns, kk, scale);
+    const Fit fit = fitted_grid(g, sup + 3 * s0, ns, kk, scale, inner_threads);
     if (fit != Fit::kGood) {  // all to the KD-tree; in double where float32 squares underflow
       for (int64_t j = 0; j < mq; ++j) {
         unsettled[q0 + j] = fit == Fit::kTooFine ? 2 : 1;
@@ -176,53 +195,40 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
       }
       return;
     }
+    int64_t* oi = out_idx + q0 * k;  // this cloud's rows
+    float* od = out_dist + q0 * k;
+    int8_t* us = unsettled + q0;
+    const int64_t* qorder = g.ids.data();  // a self-query walks the grid's order
     std::vector<int64_t> order;
-    const int64_t* qorder = g.ids.data();
     if (!same) {
       order = cell_order(g, cq, mq);
       qorder = order.data();
     }
     parallel_for(mq, inner_threads, kChunk, [&](int64_t a, int64_t e) {
-      search_rows(g, cq, qorder, a, e, k, kk, s0, q0, max_pass, out_idx, out_dist, unsettled);
+      search_rows(g, cq, qorder, same != 0, false, a, e, k, kk, s0, max_pass, oi, od, us);
     });
     // Queries in sparse parts of an uneven cloud (far from a spinning sensor, outliers) try
-    // grids 8 and 64 times coarser before the caller's KD-tree takes what is left.
-    for (int level = 1; level <= 2; ++level) {
+    // grids 8 and 64 times coarser; the last few are compared with every point (cheaper than
+    // the KD-tree's build), more are left to the caller's KD-tree.
+    for (int level = 1; level <= 3; ++level) {
       std::vector<int64_t> rest;
       for (int64_t j = 0; j < mq; ++j)
-        if (unsettled[q0 + qorder[j]]) rest.push_back(qorder[j]);
-      if (rest.empty() || ns <= 4 * kk) break;
+        if (us[qorder[j]]) rest.push_back(qorder[j]);
+      if (rest.empty()) break;
+      const bool brute = int64_t(rest.size()) * ns <= kBruteWork || int64_t(rest.size()) <= 64;
+      if (!brute && (level == 3 || ns <= 4 * kk)) break;
       Grid coarse;
-      build(coarse, sup + 3 * s0, ns, g.lo, g.hi, g.h * (level == 1 ? 8 : 64));
-      coarse.radius = coarse.h;
-      coarse.far = g.far;
-      parallel_for(int64_t(rest.size()), inner_threads, kChunk, [&](int64_t a, int64_t e) {
-        search_rows(coarse, cq, rest.data(), a, e, k, kk, s0, q0, max_pass, out_idx, out_dist, unsettled);
-      });
-    }
-    // A few rows left: brute force costs less than the KD-tree's build (in double, exact).
-    std::vector<int64_t> rest;
-    for (int64_t j = 0; j < mq; ++j)
-      if (unsettled[q0 + j]) rest.push_back(j);
-    if (!rest.empty() && rest.size() <= 64 && g.radius >= 1e-15) {
-      std::vector<std::pair<double, int64_t>> all(ns);
-      for (int64_t row : rest) {
-        const float* q = cq + 3 * row;
-        for (int64_t i = 0; i < ns; ++i) {
-          const float* p = sup + 3 * (s0 + i);
-          const double dx = double(p[0]) - q[0], dy = double(p[1]) - q[1], dz = double(p[2]) - q[2];
-          all[i] = {dx * dx + dy * dy + dz * dz, i};
-        }
-        std::nth_element(all.begin(), all.begin() + (kk - 1), all.end());
-        std::sort(all.begin(), all.begin() + kk);
-        int64_t* oi = out_idx + (q0 + row) * k;
-        float* od = out_dist + (q0 + row) * k;
-        for (int64_t c = 0; c < k; ++c) {
-          oi[c] = c < kk ? s0 + all[c].second : -1;
-          od[c] = c < kk ? float(std::sqrt(all[c].first)) : std::numeric_limits<float>::infinity();
-        }
-        unsettled[q0 + row] = 0;
+      const Grid* grid = &g;
+      if (!brute) {
+        build(coarse, sup + 3 * s0, ns, g.lo, g.hi, g.h * (level == 1 ? 8 : 64));
+        coarse.radius = coarse.h;
+        coarse.far = g.far;
+        grid = &coarse;
       }
+      parallel_for(int64_t(rest.size()), inner_threads, brute ? 8 : kChunk, [&](int64_t a, int64_t e) {
+        search_rows(*grid, cq, rest.data(), false, brute, a, e, k, kk, s0, max_pass, oi, od, us);
+      });
+      if (brute) break;
     }
   };
   try {

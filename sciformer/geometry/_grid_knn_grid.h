@@ -9,11 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "../_kernels.h"
+
 namespace sciformer_grid {
 
 constexpr int64_t kMaxCells = int64_t(1) << 20;  // cells per axis
 constexpr int64_t kMaxColumns = 400;  // (x, y) columns a query may scan before the KD-tree takes it
 constexpr int64_t kMaxScan = 4096;    // points a query may scan in one box before the KD-tree takes it
+constexpr int64_t kDenseCells = 4;  // a table of every cell when there are at most this many cells per point
 constexpr int64_t kChunk = 512;       // queries per chunk of work (see parallel_for)
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -96,9 +99,10 @@ struct Grid {
 };
 
 // Sort `n` points (rows of `pts`) into `g` with cell edge `h` over the box [lo, hi]: a
-// counting sort by cell (or by column, then by z within each column) where a dense table
-// fits, else a comparison sort of the keys and a hash table of the occupied columns.
-void build(Grid& g, const float* pts, int64_t n, const double* lo, const double* hi, double h) {
+// counting sort by cell where a table of every cell is small (kDenseCells per point), else
+// by column with a table of columns where that fits (two stable counting sorts, by z then by
+// column), else a comparison sort of the keys and a hash table of the occupied columns.
+SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, const double* hi, double h) {
   double extent = 0;
   for (int a = 0; a < 3; ++a) extent = std::max(extent, hi[a] - lo[a]);
   g.h = std::max(h, extent / double(kMaxCells - 1));
@@ -114,7 +118,7 @@ void build(Grid& g, const float* pts, int64_t n, const double* lo, const double*
   std::vector<int64_t> key(n);
   for (int64_t i = 0; i < n; ++i) key[i] = g.clamped_key(pts + 3 * i);
   std::vector<int64_t> order(n);  // point indices in key order, ties by index
-  if (columns <= dense && columns * g.dim[2] <= dense) {
+  if (columns <= dense && columns * g.dim[2] <= kDenseCells * n + 4096) {
     g.cells.assign(columns * g.dim[2] + 1, 0);
     for (int64_t i = 0; i < n; ++i) ++g.cells[key[i] + 1];
     for (int64_t c = 0; c + 1 < int64_t(g.cells.size()); ++c) g.cells[c + 1] += g.cells[c];
@@ -125,13 +129,23 @@ void build(Grid& g, const float* pts, int64_t n, const double* lo, const double*
     for (int64_t i = 0; i < n; ++i) ++g.cols[key[i] / g.dim[2] + 1];
     for (int64_t c = 0; c < columns; ++c) g.cols[c + 1] += g.cols[c];
     std::vector<int64_t> fill(g.cols.begin(), g.cols.end() - 1);
-    for (int64_t i = 0; i < n; ++i) order[fill[key[i] / g.dim[2]]++] = i;
-    for (int64_t c = 0; c < columns; ++c)  // by z within a column (ties keep index order)
-      if (g.cols[c + 1] - g.cols[c] > 1)
-        std::stable_sort(order.begin() + g.cols[c], order.begin() + g.cols[c + 1], [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+    if (g.dim[2] <= n) {  // two stable counting sorts: by z, then by column (ties keep index order)
+      std::vector<int64_t> zstart(g.dim[2] + 1, 0), by_z(n);
+      for (int64_t i = 0; i < n; ++i) ++zstart[key[i] % g.dim[2] + 1];
+      for (int64_t z = 0; z < g.dim[2]; ++z) zstart[z + 1] += zstart[z];
+      for (int64_t i = 0; i < n; ++i) by_z[zstart[key[i] % g.dim[2]]++] = i;
+      for (int64_t i : by_z) order[fill[key[i] / g.dim[2]]++] = i;
+    } else {
+      for (int64_t i = 0; i < n; ++i) order[fill[key[i] / g.dim[2]]++] = i;
+      for (int64_t c = 0; c < columns; ++c)  // by z within a column (ties keep index order)
+        if (g.cols[c + 1] - g.cols[c] > 1)
+          std::stable_sort(order.begin() + g.cols[c], order.begin() + g.cols[c + 1], [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+    }
   } else {
-    for (int64_t i = 0; i < n; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] < key[b] || (key[a] == key[b] && a < b); });
+    std::vector<std::pair<int64_t, int64_t>> kv(n);  // (key, index): ties by index, no indirection
+    for (int64_t i = 0; i < n; ++i) kv[i] = {key[i], i};
+    std::sort(kv.begin(), kv.end());
+    for (int64_t i = 0; i < n; ++i) order[i] = kv[i].second;
     const int64_t per_block = 16 * g.dim[2];
     int64_t blocks = 0;
     for (int64_t i = 0; i < n; ++i) blocks += i == 0 || key[order[i]] / per_block != key[order[i - 1]] / per_block;
@@ -168,7 +182,7 @@ void build(Grid& g, const float* pts, int64_t n, const double* lo, const double*
   g.ids = std::move(order);
 }
 
-void bounds(const float* pts, int64_t n, double* lo, double* hi) {
+SF_CLONES void bounds(const float* pts, int64_t n, double* lo, double* hi) {
   for (int a = 0; a < 3; ++a) lo[a] = kInf, hi[a] = -kInf;
   for (int64_t i = 0; i < n; ++i)
     for (int a = 0; a < 3; ++a) lo[a] = std::min(lo[a], double(pts[3 * i + a])), hi[a] = std::max(hi[a], double(pts[3 * i + a]));

@@ -55,6 +55,75 @@ class Searcher {
     return false;
   }
 
+  // The kk nearest among all support points, for a query no grid serves (a far outlier):
+  // float squared distances against the running kk-th smallest tau (a max-heap, started
+  // from the kk-th of every 32nd point, an upper bound; blocks of 64 points with none within
+  // a few ulps of tau are passed over), keeping every point within those ulps of tau when it
+  // came; those still within them of the final tau are ranked as in a box search (select),
+  // so the answer is as exact. False: not settled.
+  bool brute(const float* q, int64_t kk, int64_t* pos, float* d2) {
+    const int64_t n = int64_t(g_.ids.size());
+    const float* xyz = g_.xyz.data();
+    const float inf = std::numeric_limits<float>::infinity(), slack = std::numeric_limits<float>::denorm_min() * 8;
+    float block[64];
+    // the kk-th smallest distance of every 32nd point bounds the kk-th of all points from
+    // above: starting from it, few points enter the heap
+    float tau = inf;
+    top_.clear();
+    const int64_t step = n >= 32 * kk ? 32 : 1;
+    for (int64_t i = 0; i < n && step > 1; i += step) {
+      const float* p = xyz + 3 * i;
+      const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
+      const float d = dx * dx + dy * dy + dz * dz;
+      if (int64_t(top_.size()) < kk) {
+        top_.push_back(d);
+        std::push_heap(top_.begin(), top_.end());
+      } else if (d < top_.front()) {
+        std::pop_heap(top_.begin(), top_.end());
+        top_.back() = d;
+        std::push_heap(top_.begin(), top_.end());
+      }
+    }
+    if (int64_t(top_.size()) == kk) tau = top_.front();
+    float high = tau * (1 + 1e-5f) + slack;  // tau plus a few ulps (inf: every point)
+    top_.clear();
+    n_ = 0;
+    for (int64_t s = 0; s < n; s += 64) {
+      const int64_t e = std::min(n, s + 64);
+      int hits = 0;
+      for (int64_t i = s; i < e; ++i) {
+        const float* p = xyz + 3 * i;
+        const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
+        const float d = dx * dx + dy * dy + dz * dz;
+        block[i - s] = d;
+        hits += d <= high;
+      }
+      if (hits == 0) continue;
+      for (int64_t i = s; i < e; ++i) {
+        const float d = block[i - s];
+        if (!(d <= high)) continue;
+        if (int64_t(buf_.size()) <= n_) buf_.resize(2 * n_ + 64);
+        uint32_t bits;
+        std::memcpy(&bits, &d, sizeof(float));
+        buf_[n_++] = (uint64_t(bits) << 32) | uint64_t(i);
+        if (!(d <= tau) || (int64_t(top_.size()) == kk && !(d < tau))) continue;
+        if (int64_t(top_.size()) == kk) {
+          std::pop_heap(top_.begin(), top_.end());
+          top_.back() = d;
+        } else {
+          top_.push_back(d);
+        }
+        std::push_heap(top_.begin(), top_.end());
+        if (int64_t(top_.size()) == kk) tau = top_.front(), high = tau * (1 + 1e-5f) + slack;
+      }
+      if (n_ > 4 * kk + 256) compact(high);  // drop what the smaller tau has excluded
+    }
+    compact(high);
+    if (n_ < kk) return false;  // never for finite points (distances may be inf: all kept)
+    select(q, kk, pos, d2);
+    return true;
+  }
+
  private:
   // The kk nearest of the n_ candidates in buf_: ranked by float32 squared distance, then the
   // candidates tied with the kk-th at float32 resolution (a few ulps) ranked again in double,
@@ -66,8 +135,19 @@ class Searcher {
       std::memcpy(&d, &bits, sizeof(float));
       return d;
     };
-    if (n_ > kk) std::nth_element(buf_.begin(), buf_.begin() + (kk - 1), buf_.begin() + n_);
-    std::sort(buf_.begin(), buf_.begin() + kk);  // the kk smallest, ascending
+    if (n_ <= 64) {  // the usual few candidates: placed by rank (keys are distinct), no branches
+      uint64_t* b = buf_.data();
+      uint64_t sorted[64];
+      for (int64_t i = 0; i < n_; ++i) {
+        int64_t rank = 0;
+        for (int64_t j = 0; j < n_; ++j) rank += b[j] < b[i];
+        sorted[rank] = b[i];
+      }
+      std::copy_n(sorted, n_, b);
+    } else {
+      std::nth_element(buf_.begin(), buf_.begin() + (kk - 1), buf_.begin() + n_);
+      std::sort(buf_.begin(), buf_.begin() + kk);  // the kk smallest, ascending
+    }
     const float kth = dist_of(buf_[kk - 1]), slack = std::numeric_limits<float>::denorm_min() * 4;
     const float low = kth * (1 - 1e-6f) - slack, high = kth * (1 + 1e-6f) + slack;
     int64_t first = kk - 1;  // the tie group: buf_[first, kk) and every later candidate <= high
@@ -116,6 +196,19 @@ class Searcher {
   std::vector<std::pair<double, int64_t>> exact_;
   int64_t max_pass_;
   double radius_;
+  // Keep the candidates of buf_ within `high` (brute).
+  void compact(float high) {
+    int64_t kept = 0;
+    for (int64_t j = 0; j < n_; ++j) {
+      float d;
+      const uint32_t bits = uint32_t(buf_[j] >> 32);
+      std::memcpy(&d, &bits, sizeof(float));
+      if (d <= high) buf_[kept++] = buf_[j];
+    }
+    n_ = kept;
+  }
+
+  std::vector<float> top_;  // brute: the kk smallest squared distances so far (max-heap)
   std::vector<uint64_t> buf_;  // (distance^2 float bits << 32) | position, points within R
   int64_t n_ = 0;
 

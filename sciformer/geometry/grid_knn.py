@@ -14,11 +14,13 @@ backends. How it searches (see the C++ file for the details):
 - Clouds of a batch are searched independently (threads over clouds); one large cloud
   splits its queries over the threads. Threads are C++ threads, not an OpenMP pool.
 
-Queries far outside the bulk of their cloud, more than 64 queries of a cloud whose box would
-have to span more than 400 columns even on the coarse grids (outliers), every query of a cloud
-whose k-th distances spread over more than 25x (density falling steeply with the range around
-a spinning sensor: one cell size cannot serve it), and every query of a cloud too fine for
-float32 squared distances (neighbours closer than about 1e-15) come back
+Queries the grid does not settle (far outside the bulk of their cloud, or whose box would
+span more than 400 columns: outliers) are compared with every point of their cloud when they
+are few (at most 64, or 2^24 distances in all), else first try grids 8 and 64 times coarser.
+Those still left after that, every query of a cloud whose k-th distances spread over more
+than 25x (density falling steeply with the range around a spinning sensor: one cell size
+cannot serve it), and every query of a cloud too fine for float32 squared distances
+(neighbours closer than about 1e-15) come back
 flagged as unsettled; :func:`grid_search` sends them to the KD-tree, in float64 (as exact as the kernel).
 """
 

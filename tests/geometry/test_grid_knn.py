@@ -101,14 +101,68 @@ def test_batches_of_unequal_clouds_cross_query_and_far_queries():
 
 
 @needs_kernel
-def test_uneven_cloud_uses_coarse_grids_and_the_kd_tree_and_stays_exact():
+@pytest.mark.parametrize("strays", [300, 3000])
+def test_outliers_go_to_brute_force_when_few_else_to_coarse_grids_and_the_kd_tree_exactly(strays):
     rng = np.random.default_rng(2)
     dense = rng.random((20_000, 3)).astype(np.float32)
-    sparse = (rng.normal(size=(300, 3)) * np.logspace(1, 6, 300)[:, None]).astype(np.float32)  # 10 .. 1e6 away
+    sparse = (rng.normal(size=(strays, 3)) * np.logspace(1, 6, strays)[:, None]).astype(np.float32)  # 10 .. 1e6 away
     pts = np.ascontiguousarray(np.concatenate([dense, sparse]))
     _, _, unsettled = grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], 16, 1)
-    assert unsettled.any()  # some rows really do reach the KD-tree
+    if strays * len(pts) <= 2**24:  # few: the kernel compares them with every point
+        assert not unsettled.any()
+    else:  # many: some really do reach the KD-tree
+        assert unsettled.any()
     check_against_oracle(pts, pts, 16, np.array([len(pts)]), np.array([len(pts)]), same=True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("k", [1, 5, 16])
+def test_brute_forced_outliers_are_exact(k):
+    """Outliers no grid serves are compared with every point in the kernel: their neighbour
+    sets and distances equal a float64 KD-tree's (random coordinates: no exact ties)."""
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(7)
+    dense = rng.random((5000, 3))
+    strays = rng.normal(size=(40, 3)) * np.logspace(2, 5, 40)[:, None]  # 100 .. 1e5 away
+    pts = np.ascontiguousarray(np.concatenate([dense, strays]).astype(np.float32))
+    index, dist, unsettled = grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], k, 1)
+    assert not unsettled.any()
+    p64 = pts.astype(np.float64)
+    ref_d, ref_i = cKDTree(p64).query(p64, k=k)
+    ref_d, ref_i = ref_d.reshape(len(pts), k), ref_i.reshape(len(pts), k)
+    np.testing.assert_array_equal(np.sort(index, 1), np.sort(ref_i, 1))
+    np.testing.assert_allclose(dist, ref_d, rtol=1e-6, atol=0)
+    assert (np.diff(dist, axis=1) >= 0).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_far_cross_queries_are_brute_forced_exactly_and_alike_on_any_thread_count(threads):
+    """Queries of another set lying far outside the support (no box reaches them cheaply),
+    in two clouds of a batch, with duplicated support points (exact ties): every answer is a
+    float64 KD-tree's up to ties, and 1 and 2 threads give the same bits."""
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(11)
+    sup = rng.random((6000, 3)).astype(np.float32)
+    sup[3000:3100] = sup[:100]  # duplicates
+    far = (rng.normal(size=(50, 3)) * 1e3).astype(np.float32)
+    near = rng.random((500, 3)).astype(np.float32)
+    qry = np.ascontiguousarray(np.concatenate([near[:250], far[:25], near[250:], far[25:]]))
+    q_sizes, s_sizes = [275, 275], [3000, 3000]
+    runs = [grid_knn.grid_knn(qry, sup, q_sizes, s_sizes, 8, t) for t in (1, threads)]
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    index, dist, unsettled = runs[0]
+    assert not unsettled.any()
+    for (q0, q1), (s0, s1) in (((0, 275), (0, 3000)), ((275, 550), (3000, 6000))):
+        ref_d, ref_i = cKDTree(sup[s0:s1].astype(np.float64)).query(qry[q0:q1].astype(np.float64), k=8)
+        np.testing.assert_allclose(dist[q0:q1], ref_d, rtol=1e-6, atol=1e-7)
+        for row in range(q1 - q0):
+            ours, theirs = set((index[q0 + row] - s0).tolist()), set(ref_i[row].tolist())
+            for j in ours ^ theirs:  # only points tied with the k-th may differ
+                gap = np.linalg.norm(sup[s0 + j].astype(np.float64) - qry[q0 + row]) - ref_d[row, -1]
+                assert abs(gap) <= 1e-6 * max(ref_d[row, -1], 1e-30), (row, j)
 
 
 @needs_kernel
