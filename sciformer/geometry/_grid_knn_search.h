@@ -88,6 +88,7 @@ class Searcher {
     float high = tau * (1 + 1e-5f) + slack;  // tau plus a few ulps (inf: every point)
     top_.clear();
     n_ = 0;
+    int64_t limit = 4 * kk + 256;  // compact buf_ past this many (doubled after: linear in all)
     for (int64_t s = 0; s < n; s += 64) {
       const int64_t e = std::min(n, s + 64);
       int hits = 0;
@@ -116,7 +117,7 @@ class Searcher {
         std::push_heap(top_.begin(), top_.end());
         if (int64_t(top_.size()) == kk) tau = top_.front(), high = tau * (1 + 1e-5f) + slack;
       }
-      if (n_ > 4 * kk + 256) compact(high);  // drop what the smaller tau has excluded
+      if (n_ > limit) compact(high), limit = std::max(limit, 2 * n_);  // drop what a smaller tau excludes
     }
     compact(high);
     if (n_ < kk) return false;  // never for finite points (distances may be inf: all kept)

@@ -137,6 +137,21 @@ def test_brute_forced_outliers_are_exact(k):
 
 
 @needs_kernel
+def test_brute_forced_outlier_among_thousands_of_tied_points():
+    """A stray query whose nearest points are 3000 copies of one point (all tied): any 16 of
+    the copies, at their exact distance, in both thread counts alike."""
+    rng = np.random.default_rng(5)
+    pts = np.concatenate([rng.random((6000, 3)), np.full((3000, 3), 2.0), [[500.0, 500.0, 500.0]]]).astype(np.float32)
+    runs = [grid_knn.grid_knn(pts, pts, [len(pts)], [len(pts)], 16, t) for t in (1, 2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    index, dist, unsettled = runs[0]
+    assert not unsettled[-1]
+    assert ((index[-1][1:] >= 6000) & (index[-1][1:] < 9000)).all() and index[-1][0] == 9000
+    want = np.linalg.norm(np.array([498.0] * 3))
+    np.testing.assert_allclose(dist[-1][1:], want, rtol=1e-6)
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 def test_far_cross_queries_are_brute_forced_exactly_and_alike_on_any_thread_count(threads):
     """Queries of another set lying far outside the support (no box reaches them cheaply),
