@@ -207,9 +207,9 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
     parallel_for(mq, inner_threads, kChunk, [&](int64_t a, int64_t e) {
       search_rows(g, cq, qorder, same != 0, false, a, e, k, kk, s0, max_pass, oi, od, us);
     });
-    // Queries in sparse parts of an uneven cloud (far from a spinning sensor, outliers) try
-    // grids 8 and 64 times coarser; the last few are compared with every point (cheaper than
-    // the KD-tree's build), more are left to the caller's KD-tree.
+    // Queries left (sparse parts of an uneven cloud, outliers) are compared with every point
+    // when few (cheaper than the KD-tree's build), else try grids 8 and 64 times coarser
+    // first; what even those leave goes to the caller's KD-tree.
     for (int level = 1; level <= 3; ++level) {
       std::vector<int64_t> rest;
       for (int64_t j = 0; j < mq; ++j)
