@@ -83,9 +83,7 @@ SF_CLONES Fit fitted_grid(Grid& g, const float* sup, int64_t ns, int64_t k, doub
     for (int64_t s = a; s < e; ++s) {
       const float* q = sup + 3 * stride * ((s * thin) / samples);
       for (int64_t j = 0; j < thin; ++j) {
-        const float* p = sup + 3 * j * stride;
-        const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
-        d[j] = dx * dx + dy * dy + dz * dz;
+        d[j] = dist2(sup + 3 * j * stride, q);
       }
       const int64_t nth = std::min(kth_thin == 1 ? 1 : kth_thin - 1, thin - 1);  // k = 1: not itself
       std::nth_element(d.begin(), d.begin() + nth, d.end());

@@ -20,6 +20,13 @@ constexpr int64_t kDenseCells = 4;  // a table of every cell when there are at m
 constexpr int64_t kChunk = 512;       // queries per chunk of work (see parallel_for)
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Squared float32 distance between two 3-D points (not contracted into fused multiply-adds:
+// see setup.py), the one every ranking of the kernel uses.
+inline float dist2(const float* p, const float* q) {
+  const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
+  return dx * dx + dy * dy + dz * dz;
+}
+
 struct Grid {
   double lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // the support's bounding box
   double h = 1;

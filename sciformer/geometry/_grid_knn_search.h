@@ -72,17 +72,8 @@ class Searcher {
     top_.clear();
     const int64_t step = n >= 32 * kk ? 32 : 1;
     for (int64_t i = 0; i < n && step > 1; i += step) {
-      const float* p = xyz + 3 * i;
-      const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
-      const float d = dx * dx + dy * dy + dz * dz;
-      if (int64_t(top_.size()) < kk) {
-        top_.push_back(d);
-        std::push_heap(top_.begin(), top_.end());
-      } else if (d < top_.front()) {
-        std::pop_heap(top_.begin(), top_.end());
-        top_.back() = d;
-        std::push_heap(top_.begin(), top_.end());
-      }
+      const float d = dist2(xyz + 3 * i, q);
+      if (int64_t(top_.size()) < kk || d < top_.front()) keep_smallest(d, kk);
     }
     if (int64_t(top_.size()) == kk) tau = top_.front();
     float high = tau * (1 + 1e-5f) + slack;  // tau plus a few ulps (inf: every point)
@@ -93,9 +84,7 @@ class Searcher {
       const int64_t e = std::min(n, s + 64);
       int hits = 0;
       for (int64_t i = s; i < e; ++i) {
-        const float* p = xyz + 3 * i;
-        const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
-        const float d = dx * dx + dy * dy + dz * dz;
+        const float d = dist2(xyz + 3 * i, q);
         block[i - s] = d;
         hits += d <= high;
       }
@@ -107,14 +96,9 @@ class Searcher {
         uint32_t bits;
         std::memcpy(&bits, &d, sizeof(float));
         buf_[n_++] = (uint64_t(bits) << 32) | uint64_t(i);
-        if (!(d <= tau) || (int64_t(top_.size()) == kk && !(d < tau))) continue;
-        if (int64_t(top_.size()) == kk) {
-          std::pop_heap(top_.begin(), top_.end());
-          top_.back() = d;
-        } else {
-          top_.push_back(d);
-        }
-        std::push_heap(top_.begin(), top_.end());
+        // before the heap is full, ties with the bound enter (kk points lie within it)
+        if (!(int64_t(top_.size()) < kk ? d <= tau : d < tau)) continue;
+        keep_smallest(d, kk);
         if (int64_t(top_.size()) == kk) tau = top_.front(), high = tau * (1 + 1e-5f) + slack;
       }
       if (n_ > limit) compact(high), limit = std::max(limit, 2 * n_);  // drop what a smaller tau excludes
@@ -197,6 +181,18 @@ class Searcher {
   std::vector<std::pair<double, int64_t>> exact_;
   int64_t max_pass_;
   double radius_;
+  // Put d among the kk smallest distances of top_ (a max-heap; brute): pushed while fewer
+  // than kk, else in place of the largest (the caller checked d is smaller).
+  void keep_smallest(float d, int64_t kk) {
+    if (int64_t(top_.size()) == kk) {
+      std::pop_heap(top_.begin(), top_.end());
+      top_.back() = d;
+    } else {
+      top_.push_back(d);
+    }
+    std::push_heap(top_.begin(), top_.end());
+  }
+
   // Keep the candidates of buf_ within `high` (brute).
   void compact(float high) {
     int64_t kept = 0;
@@ -247,8 +243,7 @@ class Searcher {
         uint64_t* out = buf_.data();
         int64_t n = n_;
         for (int64_t i = p0; i < p1; ++i, p += 3) {
-          const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
-          const float d = dx * dx + dy * dy + dz * dz;
+          const float d = dist2(p, q);
           uint32_t bits;
           std::memcpy(&bits, &d, sizeof(float));
           out[n] = (uint64_t(bits) << 32) | uint64_t(i);
