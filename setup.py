@@ -25,7 +25,7 @@ setup(
     ext_modules=[
         Extension(
             "sciformer.geometry._grid_knn",
-            sources=["sciformer/geometry/_grid_knn.cpp"],
+            sources=["sciformer/geometry/_grid_knn.cpp", "sciformer/geometry/_kdline_start.cpp"],
             depends=["sciformer/_kernels.h", "sciformer/geometry/_grid_knn_grid.h",
                      "sciformer/geometry/_grid_knn_search.h"],
             language="c++",

@@ -93,22 +93,50 @@ struct Grid {
     double c = std::floor((v - lo[a]) / h);
     return int64_t(std::max(-4.0 * kMaxCells, std::min(c, 8.0 * kMaxCells)));
   }
-  // Sort key of a cell: x-major, z fastest (blocked: block, then column in block, then z).
-  int64_t key(int64_t x, int64_t y, int64_t z) const {
-    if (blocked) return ((((x >> 2) * bdim1 + (y >> 2)) << 4) | ((x & 3) << 2) | (y & 3)) * dim[2] + z;
-    return (x * dim[1] + y) * dim[2] + z;
+  // Sort key of an (x, y) column: x-major (blocked: block, then column in the block).
+  int64_t column_key(int64_t x, int64_t y) const {
+    if (blocked) return (((x >> 2) * bdim1 + (y >> 2)) << 4) | ((x & 3) << 2) | (y & 3);
+    return x * dim[1] + y;
   }
+  // Cell of p, clamped to the grid.
+  void clamped_cell(const float* p, int64_t* c) const {
+    for (int a = 0; a < 3; ++a) c[a] = std::max<int64_t>(0, std::min(cell(p[a], a), dim[a] - 1));
+  }
+  // Sort key of a cell: its column's, then z.
   int64_t clamped_key(const float* p) const {
     int64_t c[3];
-    for (int a = 0; a < 3; ++a) c[a] = std::max<int64_t>(0, std::min(cell(p[a], a), dim[a] - 1));
-    return key(c[0], c[1], c[2]);
+    clamped_cell(p, c);
+    return column_key(c[0], c[1]) * dim[2] + c[2];
   }
 };
+
+// (key, index) pairs sorted by key, ties by index (as given, in index order): a stable radix
+// sort on 11-bit digits (only the bits in which the keys differ), a comparison sort when few.
+inline void sort_pairs(std::vector<std::pair<uint64_t, int64_t>>& kv) {
+  const int64_t n = int64_t(kv.size());
+  if (n < 1024) {
+    std::sort(kv.begin(), kv.end());
+    return;
+  }
+  uint64_t differ = 0;
+  for (const auto& p : kv) differ |= p.first ^ kv[0].first;
+  std::vector<std::pair<uint64_t, int64_t>> out(n);
+  std::vector<int64_t> start(2048);
+  for (int shift = 0; shift < 64 && (differ >> shift) != 0; shift += 11) {
+    if (((differ >> shift) & 2047) == 0) continue;  // a digit every key shares
+    std::fill(start.begin(), start.end(), 0);
+    for (const auto& p : kv) ++start[(p.first >> shift) & 2047];
+    int64_t sum = 0;
+    for (auto& c : start) sum += c, c = sum - c;
+    for (const auto& p : kv) out[start[(p.first >> shift) & 2047]++] = p;
+    kv.swap(out);
+  }
+}
 
 // Sort `n` points (rows of `pts`) into `g` with cell edge `h` over the box [lo, hi]: a
 // counting sort by cell where a table of every cell is small (kDenseCells per point), else
 // by column with a table of columns where that fits (two stable counting sorts, by z then by
-// column), else a comparison sort of the keys and a hash table of the occupied columns.
+// column), else a radix sort of the keys and a hash table of the occupied blocks of columns.
 SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, const double* hi, double h) {
   double extent = 0;
   for (int a = 0; a < 3; ++a) extent = std::max(extent, hi[a] - lo[a]);
@@ -118,44 +146,51 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
     g.lo[a] = lo[a], g.hi[a] = hi[a];
     g.dim[a] = std::min<int64_t>(kMaxCells, int64_t((hi[a] - lo[a]) / g.h) + 1);
   }
-  const int64_t columns = g.dim[0] * g.dim[1], dense = 16 * n + 4096;
+  const int64_t columns = g.dim[0] * g.dim[1], dense = 16 * n + 4096, nz = g.dim[2];
   g.cells.clear(), g.cols.clear(), g.hkey.clear(), g.hentry.clear(), g.boff.clear();
   g.blocked = columns > dense;
   g.bdim1 = (g.dim[1] + 3) / 4;
-  std::vector<int64_t> key(n);
-  for (int64_t i = 0; i < n; ++i) key[i] = g.clamped_key(pts + 3 * i);
+  std::vector<int64_t> col(n);  // each point's column key (no divisions of keys after this)
+  std::vector<int32_t> zc(n);   // and z cell
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t c[3];
+    g.clamped_cell(pts + 3 * i, c);
+    col[i] = g.column_key(c[0], c[1]), zc[i] = int32_t(c[2]);
+  }
   std::vector<int64_t> order(n);  // point indices in key order, ties by index
-  if (columns <= dense && columns * g.dim[2] <= kDenseCells * n + 4096) {
-    g.cells.assign(columns * g.dim[2] + 1, 0);
-    for (int64_t i = 0; i < n; ++i) ++g.cells[key[i] + 1];
+  if (columns <= dense && columns * nz <= kDenseCells * n + 4096) {
+    g.cells.assign(columns * nz + 1, 0);
+    for (int64_t i = 0; i < n; ++i) ++g.cells[col[i] * nz + zc[i] + 1];
     for (int64_t c = 0; c + 1 < int64_t(g.cells.size()); ++c) g.cells[c + 1] += g.cells[c];
     std::vector<int64_t> fill(g.cells.begin(), g.cells.end() - 1);
-    for (int64_t i = 0; i < n; ++i) order[fill[key[i]]++] = i;
+    for (int64_t i = 0; i < n; ++i) order[fill[col[i] * nz + zc[i]]++] = i;
   } else if (columns <= dense) {
     g.cols.assign(columns + 1, 0);
-    for (int64_t i = 0; i < n; ++i) ++g.cols[key[i] / g.dim[2] + 1];
+    for (int64_t i = 0; i < n; ++i) ++g.cols[col[i] + 1];
     for (int64_t c = 0; c < columns; ++c) g.cols[c + 1] += g.cols[c];
     std::vector<int64_t> fill(g.cols.begin(), g.cols.end() - 1);
-    if (g.dim[2] <= n) {  // two stable counting sorts: by z, then by column (ties keep index order)
-      std::vector<int64_t> zstart(g.dim[2] + 1, 0), by_z(n);
-      for (int64_t i = 0; i < n; ++i) ++zstart[key[i] % g.dim[2] + 1];
-      for (int64_t z = 0; z < g.dim[2]; ++z) zstart[z + 1] += zstart[z];
-      for (int64_t i = 0; i < n; ++i) by_z[zstart[key[i] % g.dim[2]]++] = i;
-      for (int64_t i : by_z) order[fill[key[i] / g.dim[2]]++] = i;
+    if (nz <= n) {  // two stable counting sorts: by z, then by column (ties keep index order)
+      std::vector<int64_t> zstart(nz + 1, 0), by_z(n);
+      for (int64_t i = 0; i < n; ++i) ++zstart[zc[i] + 1];
+      for (int64_t z = 0; z < nz; ++z) zstart[z + 1] += zstart[z];
+      for (int64_t i = 0; i < n; ++i) by_z[zstart[zc[i]]++] = i;
+      for (int64_t i : by_z) order[fill[col[i]]++] = i;
     } else {
-      for (int64_t i = 0; i < n; ++i) order[fill[key[i] / g.dim[2]]++] = i;
+      for (int64_t i = 0; i < n; ++i) order[fill[col[i]]++] = i;
       for (int64_t c = 0; c < columns; ++c)  // by z within a column (ties keep index order)
         if (g.cols[c + 1] - g.cols[c] > 1)
-          std::stable_sort(order.begin() + g.cols[c], order.begin() + g.cols[c + 1], [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+          std::stable_sort(order.begin() + g.cols[c], order.begin() + g.cols[c + 1], [&](int64_t a, int64_t b) { return zc[a] < zc[b]; });
     }
   } else {
-    std::vector<std::pair<int64_t, int64_t>> kv(n);  // (key, index): ties by index, no indirection
-    for (int64_t i = 0; i < n; ++i) kv[i] = {key[i], i};
-    std::sort(kv.begin(), kv.end());
-    for (int64_t i = 0; i < n; ++i) order[i] = kv[i].second;
-    const int64_t per_block = 16 * g.dim[2];
+    std::vector<std::pair<uint64_t, int64_t>> kv(n);  // (key, index)
+    for (int64_t i = 0; i < n; ++i) kv[i] = {uint64_t(col[i] * nz + zc[i]), i};
+    sort_pairs(kv);
+    std::vector<int64_t> sorted_col(n);
     int64_t blocks = 0;
-    for (int64_t i = 0; i < n; ++i) blocks += i == 0 || key[order[i]] / per_block != key[order[i - 1]] / per_block;
+    for (int64_t i = 0; i < n; ++i) {
+      order[i] = kv[i].second, sorted_col[i] = col[order[i]];
+      blocks += i == 0 || (sorted_col[i] >> 4) != (sorted_col[i - 1] >> 4);
+    }
     int bits = 1;
     while ((int64_t(1) << bits) < 2 * blocks) ++bits;
     g.mask = (uint64_t(1) << bits) - 1;
@@ -165,12 +200,12 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
     g.boff.assign(17 * blocks, 0);
     int64_t entry = 0;
     for (int64_t i = 0; i < n; ++entry) {
-      const int64_t block = key[order[i]] / per_block;
+      const int64_t block = sorted_col[i] >> 4;
       int64_t* off = g.boff.data() + 17 * entry;
       int64_t e = i;
       for (int j = 0; j < 16; ++j) {  // the block's 16 columns, in key order
         off[j] = e;
-        while (e < n && key[order[e]] / per_block == block && (key[order[e]] / g.dim[2]) % 16 == j) ++e;
+        while (e < n && sorted_col[e] == ((block << 4) | j)) ++e;
       }
       off[16] = e;
       uint64_t slot = g.hash(block);
@@ -184,7 +219,7 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
   for (int64_t i = 0; i < n; ++i) {
     const float* p = pts + 3 * order[i];
     g.xyz[3 * i] = p[0], g.xyz[3 * i + 1] = p[1], g.xyz[3 * i + 2] = p[2];
-    g.zcell[i] = int32_t(key[order[i]] % g.dim[2]);
+    g.zcell[i] = zc[order[i]];
   }
   g.ids = std::move(order);
 }

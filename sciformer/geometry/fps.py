@@ -31,8 +31,11 @@ installed and D <= 8, else numpy.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -46,6 +49,7 @@ from sciformer.geometry._validate import (
     check_points,
 )
 from sciformer.geometry.knn import has_module
+from sciformer.utils.native import load_library
 
 FPS_BACKENDS = ("auto", "fpsample", "numpy", "torch")
 OVERSAMPLE = ("error", "clamp", "repeat")
@@ -284,12 +288,41 @@ def _repair_repeats(out: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([out[:cut], np.flatnonzero(~seen)[: len(out) - cut]])
 
 
+@functools.cache
+def _kdline_kernel() -> ctypes.CDLL | None:
+    """The compiled geometry library (``_kdline_start.cpp``), or ``None`` where it is not built."""
+    lib = load_library(Path(__file__).parent, "_grid_knn")
+    if lib is None or not hasattr(lib, "sf_kdline_position"):
+        return None
+    i64 = ctypes.c_int64
+    lib.sf_kdline_position.argtypes = [ctypes.c_void_p, i64, i64, i64, i64]
+    lib.sf_kdline_position.restype = i64
+    return lib
+
+
 def _kdline_position(pts: np.ndarray, height: int, start: int) -> int:
     """Where fpsample's KD-line tree build moves point ``start``: replays its node splits.
 
     Each node splits along its widest bounding-box axis at the float32 mean (summed in the
     node's current order) with a Hoare partition; leaves are at depth ``height`` or hold one
-    point. Only the nodes on ``start``'s path are replayed (about 2n work).
+    point. Only the nodes on ``start``'s path are replayed (about 2n work): compiled where
+    built (0.1 ms against 1.4 ms for 38k points), else :func:`_kdline_position_numpy`.
+
+    Shapes:
+        pts: (n, D) float32 C-contiguous
+    """
+    lib = _kdline_kernel()
+    if lib is None:
+        return _kdline_position_numpy(pts, height, start)
+    pts = np.ascontiguousarray(pts, dtype=np.float32)
+    return int(lib.sf_kdline_position(pts.ctypes.data, pts.shape[0], pts.shape[1], height, start))
+
+
+def _kdline_position_numpy(pts: np.ndarray, height: int, start: int) -> int:
+    """:func:`_kdline_position` in NumPy (the same splits, the same float32 sums).
+
+    Shapes:
+        pts: (n, D) float32
     """
     cols = np.ascontiguousarray(pts.T)  # (D, n)
     seg = np.arange(pts.shape[0])  # original ids in the node's current order

@@ -57,6 +57,7 @@ from sciformer.geometry._validate import (
     check_points,
     check_positive_int,
     same_device,
+    value_range,
 )
 from sciformer.geometry.knn_backends import SEARCH_BACKENDS, has_module
 
@@ -232,8 +233,8 @@ def _overflows(query: torch.Tensor, support: torch.Tensor, dtype: torch.dtype) -
     safe = torch.finfo(dtype if dtype != torch.float16 else torch.float32).max ** 0.5 / 4
     span = 0.0
     for pts in (query,) if support is query else (query, support):
-        lo, hi = torch.aminmax(pts.detach())
-        span = max(span, float(hi) - float(lo))
+        lo, hi = value_range(pts)
+        span = max(span, hi - lo)
     return span > safe
 
 

@@ -68,8 +68,10 @@ def test_fpsample_backend_is_exact_on_larger_cloud():
 
 
 @needs_fpsample
-def test_kdline_replay_finds_where_fpsample_puts_the_start():
-    """The replay itself is right (not rescued by the fallback), deep trees and scan order too."""
+@pytest.mark.parametrize("replay", ["_kdline_position", "_kdline_position_numpy"])
+def test_kdline_replay_finds_where_fpsample_puts_the_start(replay):
+    """The replay itself is right (not rescued by the fallback), deep trees and scan order
+    too; compiled (where built) and NumPy."""
     import fpsample
 
     rng = np.random.default_rng(5)
@@ -78,8 +80,32 @@ def test_kdline_replay_finds_where_fpsample_puts_the_start():
     for pts in (rng.random((20_000, 3)).astype(np.float32), scan):
         for height in (1, 4, 7):
             for start in (0, 5, len(pts) // 2, len(pts) - 1):
-                at = fps_module._kdline_position(pts, height, start)
+                at = getattr(fps_module, replay)(pts, height, start)
                 assert int(fpsample.bucket_fps_kdline_sampling(pts, 2, height, start_idx=at)[0]) == start
+
+
+@needs_fpsample
+def test_kdline_replay_compiled_equals_numpy_on_ties_and_dimensions():
+    """Ties at the split (integer lattices, duplicates), 1-8 dimensions, anisotropic scales,
+    leaves of one point (height past log2 n): the compiled replay gives the NumPy one's answer,
+    and fpsample agrees with it."""
+    import fpsample
+
+    if fps_module._kdline_kernel() is None:
+        pytest.skip("compiled geometry kernel not built")
+    rng = np.random.default_rng(11)
+    for trial in range(120):
+        n, dim = int(rng.integers(2, 2000)), int(rng.integers(1, 9))
+        pts = [rng.random((n, dim)), rng.integers(0, 4, (n, dim)).astype(float),
+               np.repeat(rng.random((n // 7 + 1, dim)), 7, axis=0)[:n],
+               rng.normal(size=(n, dim)) * np.array([1e4] + [1e-3] * (dim - 1))][trial % 4]
+        pts = np.ascontiguousarray(pts, dtype=np.float32)
+        for height in (1, 3, 7, 12):
+            for start in (0, n - 1, int(rng.integers(n))):
+                at = fps_module._kdline_position(pts, height, start)
+                assert at == fps_module._kdline_position_numpy(pts, height, start)
+                if 2**height <= n and trial % 6 == 0:
+                    assert int(fpsample.bucket_fps_kdline_sampling(pts, 2, height, start_idx=at)[0]) == start
 
 
 @needs_fpsample
