@@ -45,6 +45,18 @@ struct Grid {
   std::vector<int32_t> zcell;   // (n,) z cell of each point
   double radius = 0;            // typical k-th neighbour distance (fitted_grid)
   double far = kInf;            // queries farther than this from the grid's box go to the KD-tree
+  // build's working arrays, kept with the grid: a grid built again (the next call on the
+  // same thread) reuses their memory instead of faulting in fresh pages
+  std::vector<int64_t> col_, order_, sorted_col_, fill_, by_z_;
+  std::vector<int32_t> zc_;
+  std::vector<std::pair<uint64_t, int64_t>> kv_, kv_out_;
+
+  // Bytes held, the working arrays included.
+  int64_t bytes() const {
+    auto b = [](const auto& v) { return int64_t(v.capacity() * sizeof(v[0])); };
+    return b(xyz) + b(ids) + b(cells) + b(cols) + b(hkey) + b(hentry) + b(boff) + b(zcell) + b(col_) +
+           b(order_) + b(sorted_col_) + b(fill_) + b(by_z_) + b(zc_) + b(kv_) + b(kv_out_);
+  }
 
   struct Cache {  // the block of the last column looked up (boxes walk y fastest)
     int64_t block = -1, entry = -1;
@@ -111,8 +123,9 @@ struct Grid {
 };
 
 // (key, index) pairs sorted by key, ties by index (as given, in index order): a stable radix
-// sort on 11-bit digits (only the bits in which the keys differ), a comparison sort when few.
-inline void sort_pairs(std::vector<std::pair<uint64_t, int64_t>>& kv) {
+// sort on 11-bit digits (only the bits in which the keys differ; `out` its second buffer), a
+// comparison sort when few.
+inline void sort_pairs(std::vector<std::pair<uint64_t, int64_t>>& kv, std::vector<std::pair<uint64_t, int64_t>>& out) {
   const int64_t n = int64_t(kv.size());
   if (n < 1024) {
     std::sort(kv.begin(), kv.end());
@@ -120,7 +133,7 @@ inline void sort_pairs(std::vector<std::pair<uint64_t, int64_t>>& kv) {
   }
   uint64_t differ = 0;
   for (const auto& p : kv) differ |= p.first ^ kv[0].first;
-  std::vector<std::pair<uint64_t, int64_t>> out(n);
+  out.resize(n);
   std::vector<int64_t> start(2048);
   for (int shift = 0; shift < 64 && (differ >> shift) != 0; shift += 11) {
     if (((differ >> shift) & 2047) == 0) continue;  // a digit every key shares
@@ -150,27 +163,33 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
   g.cells.clear(), g.cols.clear(), g.hkey.clear(), g.hentry.clear(), g.boff.clear();
   g.blocked = columns > dense;
   g.bdim1 = (g.dim[1] + 3) / 4;
-  std::vector<int64_t> col(n);  // each point's column key (no divisions of keys after this)
-  std::vector<int32_t> zc(n);   // and z cell
+  std::vector<int64_t>& col = g.col_;  // each point's column key (no divisions of keys after this)
+  std::vector<int32_t>& zc = g.zc_;    // and z cell
+  col.resize(n), zc.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     int64_t c[3];
     g.clamped_cell(pts + 3 * i, c);
     col[i] = g.column_key(c[0], c[1]), zc[i] = int32_t(c[2]);
   }
-  std::vector<int64_t> order(n);  // point indices in key order, ties by index
+  std::vector<int64_t>& order = g.order_;  // point indices in key order, ties by index
+  order.resize(n);
   if (columns <= dense && columns * nz <= kDenseCells * n + 4096) {
     g.cells.assign(columns * nz + 1, 0);
     for (int64_t i = 0; i < n; ++i) ++g.cells[col[i] * nz + zc[i] + 1];
     for (int64_t c = 0; c + 1 < int64_t(g.cells.size()); ++c) g.cells[c + 1] += g.cells[c];
-    std::vector<int64_t> fill(g.cells.begin(), g.cells.end() - 1);
+    std::vector<int64_t>& fill = g.fill_;
+    fill.assign(g.cells.begin(), g.cells.end() - 1);
     for (int64_t i = 0; i < n; ++i) order[fill[col[i] * nz + zc[i]]++] = i;
   } else if (columns <= dense) {
     g.cols.assign(columns + 1, 0);
     for (int64_t i = 0; i < n; ++i) ++g.cols[col[i] + 1];
     for (int64_t c = 0; c < columns; ++c) g.cols[c + 1] += g.cols[c];
-    std::vector<int64_t> fill(g.cols.begin(), g.cols.end() - 1);
+    std::vector<int64_t>& fill = g.fill_;
+    fill.assign(g.cols.begin(), g.cols.end() - 1);
     if (nz <= n) {  // two stable counting sorts: by z, then by column (ties keep index order)
-      std::vector<int64_t> zstart(nz + 1, 0), by_z(n);
+      std::vector<int64_t> zstart(nz + 1, 0);
+      std::vector<int64_t>& by_z = g.by_z_;
+      by_z.resize(n);
       for (int64_t i = 0; i < n; ++i) ++zstart[zc[i] + 1];
       for (int64_t z = 0; z < nz; ++z) zstart[z + 1] += zstart[z];
       for (int64_t i = 0; i < n; ++i) by_z[zstart[zc[i]]++] = i;
@@ -182,10 +201,12 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
           std::stable_sort(order.begin() + g.cols[c], order.begin() + g.cols[c + 1], [&](int64_t a, int64_t b) { return zc[a] < zc[b]; });
     }
   } else {
-    std::vector<std::pair<uint64_t, int64_t>> kv(n);  // (key, index)
+    std::vector<std::pair<uint64_t, int64_t>>& kv = g.kv_;  // (key, index)
+    kv.resize(n);
     for (int64_t i = 0; i < n; ++i) kv[i] = {uint64_t(col[i] * nz + zc[i]), i};
-    sort_pairs(kv);
-    std::vector<int64_t> sorted_col(n);
+    sort_pairs(kv, g.kv_out_);
+    std::vector<int64_t>& sorted_col = g.sorted_col_;
+    sorted_col.resize(n);
     int64_t blocks = 0;
     for (int64_t i = 0; i < n; ++i) {
       order[i] = kv[i].second, sorted_col[i] = col[order[i]];
@@ -221,7 +242,7 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
     g.xyz[3 * i] = p[0], g.xyz[3 * i + 1] = p[1], g.xyz[3 * i + 2] = p[2];
     g.zcell[i] = zc[order[i]];
   }
-  g.ids = std::move(order);
+  g.ids.swap(order);  // the old ids' memory serves the next build's order
 }
 
 SF_CLONES void bounds(const float* pts, int64_t n, double* lo, double* hi) {

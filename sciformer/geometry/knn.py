@@ -5,9 +5,9 @@ Backends (all return the same neighbour sets up to ties and float rounding):
 - ``"grid"``: the compiled grid kNN (:mod:`sciformer.geometry.grid_knn`, built at install
   when a C++ compiler is present) for 3-D float32 kNN; radius searches, other dimensions
   and dtypes go to the KD-tree. The CPU default where installed (``benchmarks/bench_geometry.py``,
-  quiet 2-core machine: 0.43x pykdtree's time at 100k uniform points, 0.72-0.80x on a
-  ModelNet batch, 0.60-0.75x on an airborne tile, 0.73-1.27x on spinning-LiDAR scans and a
-  tile with sparse strays).
+  quiet 2-core machine: 0.25-0.27x pykdtree's time at 100k uniform points, 0.42-0.46x on a
+  ModelNet batch, 0.40-0.48x on an airborne tile, 0.41-0.55x on spinning-LiDAR scans,
+  0.58-0.83x on a tile with sparse strays).
 - ``"pykdtree"``: KD-tree from the pykdtree package (OpenMP queries); the fastest on CPU.
 - ``"scipy"``: ``scipy.spatial.cKDTree`` with ``workers=-1``; the CPU fallback without pykdtree.
 - ``"kdtree"``: pykdtree when installed, else scipy.

@@ -101,6 +101,33 @@ def test_batches_of_unequal_clouds_cross_query_and_far_queries():
 
 
 @needs_kernel
+def test_grid_memory_kept_between_calls_serves_every_kind_of_grid():
+    """A thread keeps its last grid's memory (under 32 MB) for its next call: a sequence of
+    clouds that switches between the dense table of cells (a thin layer), the table of
+    columns (vertical poles), the hash of column blocks (scan lines far apart), coarse grids
+    and brute force (strays), growing and shrinking, with a grid past the limit (freed) and a
+    cloud smaller than k in between, each answered as a fresh search would (cKDTree)."""
+    rng = np.random.default_rng(9)
+    layer = np.c_[rng.random((30_000, 2)) * 1000, rng.random(30_000) * 0.01]
+    poles = np.concatenate([np.c_[np.full((100, 2), xy), np.arange(100) * 0.1] for xy in rng.random((300, 2)) * 100])
+    lines = np.concatenate([np.c_[np.arange(1000) * 0.1, np.full(1000, 300.0 * i), rng.random(1000) * 0.05]
+                            for i in range(30)])
+    strays = np.concatenate([lines, rng.random((40, 3)) * 1e5])
+    large = rng.random((600_000, 3))
+    sequence = [layer, lines, poles, rng.random((200, 3)), strays, large, rng.random((9, 3)), poles[::3], lines, layer]
+    for pts in sequence:
+        n = np.array([len(pts)])
+        if len(pts) > 100_000:  # the oracle is slow here: the kernel against itself, cold and warm
+            p32 = np.ascontiguousarray(pts, dtype=np.float32)
+            first = grid_knn.grid_knn(p32, p32, [len(pts)], [len(pts)], 8, 1)
+            again = grid_knn.grid_knn(p32, p32, [len(pts)], [len(pts)], 8, 1)
+            np.testing.assert_array_equal(first[0], again[0])
+            continue
+        check_against_oracle(pts, pts, 16, n, n, same=True)
+        check_against_oracle(pts[: len(pts) // 2], pts, 8, n // 2, n, same=False, threads=2)
+
+
+@needs_kernel
 @pytest.mark.parametrize("strays", [300, 3000])
 def test_outliers_go_to_brute_force_when_few_else_to_coarse_grids_and_the_kd_tree_exactly(strays):
     rng = np.random.default_rng(2)
