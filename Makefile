@@ -12,7 +12,7 @@ DEMO_DIR ?= runs/demo
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml setup.py $(wildcard sciformer/*.h sciformer/geometry/_grid_knn*.cpp sciformer/geometry/_grid_knn*.h sciformer/attention/*.cpp sciformer/attention/*.h sciformer/pointcloud/*.cpp) scripts/install_torch.sh
+$(VENV)/.setup-done: pyproject.toml setup.py $(wildcard sciformer/*.h sciformer/geometry/*.cpp sciformer/geometry/*.h sciformer/attention/*.cpp sciformer/attention/*.h sciformer/pointcloud/*.cpp) scripts/install_torch.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	PIP="$(BIN)/python -m pip" scripts/install_torch.sh

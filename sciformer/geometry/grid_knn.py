@@ -14,8 +14,8 @@ backends. How it searches (see the C++ file for the details):
 - Clouds of a batch are searched independently (threads over clouds); one large cloud
   splits its queries over the threads. Threads are C++ threads, not an OpenMP pool.
 - The grid memory of a single-cloud call (up to 32 MB, clouds of up to about 200k points)
-  stays with the calling thread and serves its next call: faulting in fresh pages took
-  15-20 % of a 38k-point search. Larger grids, and any after an error, are freed.
+  stays with the calling thread and serves its next call instead of faulting in fresh
+  pages, 4 KiB at a time. Larger grids, and any after an error, are freed.
 
 Queries the grid does not settle (far outside the bulk of their cloud, or whose box would
 span more than 400 columns: outliers) are compared with every point of their cloud when they
