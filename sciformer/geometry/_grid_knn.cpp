@@ -10,7 +10,8 @@
 // (r from the query before) and keep the points within r; with k of them the answer is
 // exact, else r grows (_grid_knn_search.h). Queries far outside the bulk, or whose box would
 // span too many columns or points, are compared with every point when they are few (64, or
-// 2^24 distances in all), else try grids 8 and 64 times coarser first; more than that are
+// 2^24 distances in all; runs of 64 points whose box lies beyond the k-th distance found so
+// far are passed over), else try grids 8 and 64 times coarser first; more than that are
 // flagged in `unsettled` for the caller's KD-tree. Ranking is in float32 squared distances
 // (no fused multiply-adds: the same on every CPU), near-ties ranked again in double;
 // distances reported from double. The hot functions are compiled for AVX2 too (SF_CLONES).
@@ -211,7 +212,8 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
       search_rows(g, cq, qorder, same != 0, false, a, e, k, kk, s0, max_pass, oi, od, us);
     });
     // Queries left (sparse parts of an uneven cloud, outliers) are compared with every point
-    // when few (cheaper than the KD-tree's build), else try grids 8 and 64 times coarser
+    // (but the runs of points whose box lies too far) when few (cheaper than the KD-tree's
+    // build), else try grids 8 and 64 times coarser
     // first; what even those leave goes to the caller's KD-tree.
     for (int level = 1; level <= 3; ++level) {
       std::vector<int64_t> rest;
@@ -221,7 +223,9 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
       const bool brute = int64_t(rest.size()) * ns <= kBruteWork || int64_t(rest.size()) <= 64;
       if (!brute && (level == 3 || ns <= 4 * kk)) break;
       const Grid* grid = &g;
-      if (!brute) {
+      if (brute) {
+        g.block_boxes();
+      } else {
         build(coarse, sup + 3 * s0, ns, g.lo, g.hi, g.h * (level == 1 ? 8 : 64));
         coarse.radius = coarse.h;
         coarse.far = g.far;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -19,12 +20,20 @@ constexpr int64_t kMaxScan = 4096;    // points a query may scan in one box befo
 constexpr int64_t kDenseCells = 4;  // a table of every cell when there are at most this many cells per point
 constexpr int64_t kChunk = 512;       // queries per chunk of work (see parallel_for)
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr float kInfF = std::numeric_limits<float>::infinity();
 
 // Squared float32 distance between two 3-D points (not contracted into fused multiply-adds:
 // see setup.py), the one every ranking of the kernel uses.
 inline float dist2(const float* p, const float* q) {
   const float dx = p[0] - q[0], dy = p[1] - q[1], dz = p[2] - q[2];
   return dx * dx + dy * dy + dz * dz;
+}
+
+// The bits of a float: for non-negative floats (squared distances) they sort as the values do.
+inline uint32_t float_bits(float d) {
+  uint32_t bits;
+  std::memcpy(&bits, &d, sizeof(float));
+  return bits;
 }
 
 struct Grid {
@@ -43,6 +52,7 @@ struct Grid {
   uint64_t mask = 0;
   int shift = 63;
   std::vector<int32_t> zcell;   // (n,) z cell of each point
+  std::vector<float> boxes;     // (6, ceil(n / 64)): box of each run of 64 points (lo x y z, hi x y z), for brute
   double radius = 0;            // typical k-th neighbour distance (fitted_grid)
   double far = kInf;            // queries farther than this from the grid's box go to the KD-tree
   // build's working arrays, kept with the grid: a grid built again (the next call on the
@@ -54,49 +64,79 @@ struct Grid {
   // Bytes held, the working arrays included.
   int64_t bytes() const {
     auto b = [](const auto& v) { return int64_t(v.capacity() * sizeof(v[0])); };
-    return b(xyz) + b(ids) + b(cells) + b(cols) + b(hkey) + b(hentry) + b(boff) + b(zcell) + b(col_) +
+    return b(xyz) + b(ids) + b(boxes) + b(cells) + b(cols) + b(hkey) + b(hentry) + b(boff) + b(zcell) + b(col_) +
            b(order_) + b(sorted_col_) + b(fill_) + b(by_z_) + b(zc_) + b(kv_) + b(kv_out_);
   }
 
-  struct Cache {  // the block of the last column looked up (boxes walk y fastest)
-    int64_t block = -1, entry = -1;
-  };
-
-  // Points [p0, p1) of cells (x, y, z0..z1), x and y inside the grid; a short column is
-  // returned whole (scanning a few extra points is cheaper than finding where z0..z1 lie).
-  void column(int64_t x, int64_t y, int64_t z0, int64_t z1, int64_t& p0, int64_t& p1, Cache& cache) const {
+  // fn(p0, p1) with the points [p0, p1) of cells (x, y, z0..z1) of each column of the box
+  // x0..x1, y0..y1 (inside the grid); a short column is given whole (scanning a few extra
+  // points is cheaper than finding where z0..z1 lie). A blocked grid is walked block by
+  // block, one hash lookup each. Stops, returning false, when fn returns false.
+  template <class F>
+  bool each_column(int64_t x0, int64_t x1, int64_t y0, int64_t y1, int64_t z0, int64_t z1, F fn) const {
     if (!cells.empty()) {  // exact: no extra points, no search
-      const int64_t c = (x * dim[1] + y) * dim[2];
-      p0 = cells[c + z0], p1 = cells[c + z1 + 1];
-      return;
+      for (int64_t x = x0; x <= x1; ++x)
+        for (int64_t y = y0; y <= y1; ++y) {
+          const int64_t c = (x * dim[1] + y) * dim[2];
+          if (!fn(cells[c + z0], cells[c + z1 + 1])) return false;
+        }
+      return true;
     }
     if (!cols.empty()) {
-      const int64_t c = x * dim[1] + y;
-      p0 = cols[c], p1 = cols[c + 1];
-    } else {
-      const int64_t block = (x >> 2) * bdim1 + (y >> 2);
-      if (block != cache.block) {
-        cache.block = block, cache.entry = -1;
-        for (uint64_t slot = hash(block);; slot = (slot + 1) & mask) {
-          if (hkey[slot] == block) {
-            cache.entry = hentry[slot];
-            break;
-          }
-          if (hkey[slot] < 0) break;
+      for (int64_t x = x0; x <= x1; ++x)
+        for (int64_t y = y0; y <= y1; ++y) {
+          const int64_t c = x * dim[1] + y;
+          int64_t p0 = cols[c], p1 = cols[c + 1];
+          trim_z(p0, p1, z0, z1);
+          if (!fn(p0, p1)) return false;
         }
-      }
-      if (cache.entry < 0) {
-        p0 = p1 = 0;
-        return;
-      }
-      const int64_t* off = boff.data() + 17 * cache.entry + (((x & 3) << 2) | (y & 3));
-      p0 = off[0], p1 = off[1];
+      return true;
     }
+    for (int64_t bx = x0 >> 2; bx <= x1 >> 2; ++bx)
+      for (int64_t by = y0 >> 2; by <= y1 >> 2; ++by) {
+        const int64_t entry = block_entry(bx * bdim1 + by);
+        if (entry < 0) continue;
+        const int64_t* off = boff.data() + 17 * entry;
+        for (int64_t x = std::max(x0, 4 * bx); x <= std::min(x1, 4 * bx + 3); ++x)
+          for (int64_t y = std::max(y0, 4 * by); y <= std::min(y1, 4 * by + 3); ++y) {
+            const int64_t j = ((x & 3) << 2) | (y & 3);
+            int64_t p0 = off[j], p1 = off[j + 1];
+            trim_z(p0, p1, z0, z1);
+            if (!fn(p0, p1)) return false;
+          }
+      }
+    return true;
+  }
+
+  // The entry of an occupied block of columns in the hash table, -1 if empty.
+  int64_t block_entry(int64_t block) const {
+    for (uint64_t slot = hash(block);; slot = (slot + 1) & mask) {
+      if (hkey[slot] == block) return hentry[slot];
+      if (hkey[slot] < 0) return -1;
+    }
+  }
+
+  // Narrow a column's points [p0, p1) to cells z0..z1 when it is long.
+  void trim_z(int64_t& p0, int64_t& p1, int64_t z0, int64_t z1) const {
     if (p1 - p0 > 16) {
       const int32_t* zb = zcell.data();
       p0 = std::lower_bound(zb + p0, zb + p1, int32_t(z0)) - zb;
       p1 = std::upper_bound(zb + p0, zb + p1, int32_t(z1)) - zb;
     }
+  }
+
+  // The boxes of the runs of 64 points (in cell order: each run lies in a few neighbouring
+  // cells), once per grid.
+  void block_boxes() {
+    const int64_t n = int64_t(ids.size()), nb = (n + 63) / 64;
+    if (int64_t(boxes.size()) == 6 * nb) return;
+    boxes.assign(6 * nb, 0.f);
+    for (int64_t j = 0; j < nb; ++j)
+      for (int a = 0; a < 3; ++a) {
+        float low = kInfF, high = -kInfF;
+        for (int64_t i = 64 * j; i < std::min(n, 64 * j + 64); ++i) low = std::min(low, xyz[3 * i + a]), high = std::max(high, xyz[3 * i + a]);
+        boxes[a * nb + j] = low, boxes[(3 + a) * nb + j] = high;
+      }
   }
 
   uint64_t hash(int64_t c) const { return (uint64_t(c) * 0x9E3779B97F4A7C15ull) >> shift; }
@@ -160,7 +200,7 @@ SF_CLONES void build(Grid& g, const float* pts, int64_t n, const double* lo, con
     g.dim[a] = std::min<int64_t>(kMaxCells, int64_t((hi[a] - lo[a]) / g.h) + 1);
   }
   const int64_t columns = g.dim[0] * g.dim[1], dense = 16 * n + 4096, nz = g.dim[2];
-  g.cells.clear(), g.cols.clear(), g.hkey.clear(), g.hentry.clear(), g.boff.clear();
+  g.boxes.clear(), g.cells.clear(), g.cols.clear(), g.hkey.clear(), g.hentry.clear(), g.boff.clear();
   g.blocked = columns > dense;
   g.bdim1 = (g.dim[1] + 3) / 4;
   std::vector<int64_t>& col = g.col_;  // each point's column key (no divisions of keys after this)

@@ -57,31 +57,53 @@ class Searcher {
 
   // The kk nearest among all support points, for a query no grid serves (a far outlier):
   // float squared distances against the running kk-th smallest tau (a max-heap, started
-  // from the kk-th of every 32nd point, an upper bound; blocks of 64 points with none within
-  // a few ulps of tau are passed over), keeping every point within those ulps of tau when it
-  // came; those still within them of the final tau are ranked as in a box search (select),
-  // so the answer is as exact. False: not settled.
+  // from the kk-th of the run of 64 points whose box is nearest, an upper bound), keeping
+  // every point within a few ulps of tau when it came; runs whose box lies farther (bounds
+  // rounded as the distances are: never above a point's) or with no point that near are
+  // passed over. Those still within the ulps of the final tau are ranked as in a box search
+  // (select), so the answer is as exact. Needs the grid's block_boxes(). False: not settled.
   bool brute(const float* q, int64_t kk, int64_t* pos, float* d2) {
-    const int64_t n = int64_t(g_.ids.size());
+    const int64_t n = int64_t(g_.ids.size()), nb = (n + 63) / 64;
     const float* xyz = g_.xyz.data();
     const float inf = std::numeric_limits<float>::infinity(), slack = std::numeric_limits<float>::denorm_min() * 8;
     float block[64];
-    // the kk-th smallest distance of every 32nd point bounds the kk-th of all points from
-    // above: starting from it, few points enter the heap
+    // a lower bound of the squared distance from q to each run's points: the gaps to its
+    // box, squared and summed as dist2 does (rounding is monotone)
+    bound_.resize(nb);
+    const float* bx = g_.boxes.data();
+    float* bound = bound_.data();
+    for (int64_t j = 0; j < nb; ++j) {
+      float gap[3];
+      for (int a = 0; a < 3; ++a) gap[a] = std::max(std::max(bx[a * nb + j] - q[a], q[a] - bx[(3 + a) * nb + j]), 0.f);
+      bound[j] = gap[0] * gap[0] + gap[1] * gap[1] + gap[2] * gap[2];
+    }
+    // the kk-th smallest distance of the nearest run's points bounds the kk-th of all points
+    // from above: starting from it, few points enter the heap
+    const int64_t nearest = std::min_element(bound, bound + nb) - bound;
     float tau = inf;
     top_.clear();
-    const int64_t step = n >= 32 * kk ? 32 : 1;
-    for (int64_t i = 0; i < n && step > 1; i += step) {
+    for (int64_t i = 64 * nearest; i < std::min(n, 64 * nearest + 64); ++i) {
       const float d = dist2(xyz + 3 * i, q);
       if (int64_t(top_.size()) < kk || d < top_.front()) keep_smallest(d, kk);
     }
     if (int64_t(top_.size()) == kk) tau = top_.front();
     float high = tau * (1 + 1e-5f) + slack;  // tau plus a few ulps (inf: every point)
+    // the runs that may hold a point within it; the 8 nearest first, so tau falls quickly and
+    // most of the others are passed over
+    runs_.resize(nb);
+    int64_t listed = 0;
+    for (int64_t j = 0; j < nb; ++j) {
+      runs_[listed] = (uint64_t(float_bits(bound[j])) << 32) | uint64_t(j);
+      listed += bound[j] <= high;
+    }
+    std::partial_sort(runs_.begin(), runs_.begin() + std::min<int64_t>(8, listed), runs_.begin() + listed);
     top_.clear();
     n_ = 0;
     int64_t limit = 4 * kk + 256;  // compact buf_ past this many (doubled after: linear in all)
-    for (int64_t s = 0; s < n; s += 64) {
-      const int64_t e = std::min(n, s + 64);
+    for (int64_t r = 0; r < listed; ++r) {
+      const uint64_t run = runs_[r];
+      if (bound[run & 0xffffffffu] > high) continue;  // every point of the run is farther
+      const int64_t s = 64 * int64_t(run & 0xffffffffu), e = std::min(n, s + 64);
       int hits = 0;
       for (int64_t i = s; i < e; ++i) {
         const float d = dist2(xyz + 3 * i, q);
@@ -93,9 +115,7 @@ class Searcher {
         const float d = block[i - s];
         if (!(d <= high)) continue;
         if (int64_t(buf_.size()) <= n_) buf_.resize(2 * n_ + 64);
-        uint32_t bits;
-        std::memcpy(&bits, &d, sizeof(float));
-        buf_[n_++] = (uint64_t(bits) << 32) | uint64_t(i);
+        buf_[n_++] = (uint64_t(float_bits(d)) << 32) | uint64_t(i);
         // before the heap is full, ties with the bound enter (kk points lie within it)
         if (!(int64_t(top_.size()) < kk ? d <= tau : d < tau)) continue;
         keep_smallest(d, kk);
@@ -165,9 +185,8 @@ class Searcher {
       c[a] = g_.cell(q[a], a);
       if (c[a] < 0 || c[a] >= g_.dim[a]) return false;
     }
-    int64_t p0, p1;
-    Grid::Cache cache;
-    g_.column(c[0], c[1], c[2], c[2], p0, p1, cache);
+    int64_t p0 = 0, p1 = 0;
+    g_.each_column(c[0], c[0], c[1], c[1], c[2], c[2], [&](int64_t a, int64_t e) { return p0 = a, p1 = e, true; });
     if (p1 - p0 < 64) return false;  // the usual case: the box scan is as cheap
     int64_t found = 0;
     for (int64_t i = p0; i < p1 && found < kk; ++i) {
@@ -206,6 +225,8 @@ class Searcher {
   }
 
   std::vector<float> top_;  // brute: the kk smallest squared distances so far (max-heap)
+  std::vector<float> bound_;  // brute: lower bound of the squared distances of each run of 64 points
+  std::vector<uint64_t> runs_;  // brute: (bound bits << 32) | run, of the runs to scan
   std::vector<uint64_t> buf_;  // (distance^2 float bits << 32) | position, points within R
   int64_t n_ = 0;
 
@@ -227,30 +248,26 @@ class Searcher {
     // every point when the box is the whole grid (R may be smaller than the k-th distance)
     // a few ulps of slack: a point just inside r whose float32 square rounds up is kept too
     const float r2 = whole ? std::numeric_limits<float>::infinity() : float(radius * radius) * (1 + 1e-6f);
-    Grid::Cache cache;
     int64_t scanned = 0;
     const bool small = int64_t(g_.ids.size()) <= kMaxScan;  // a small cloud may be scanned whole
-    for (int64_t x = lo[0]; x <= hi[0]; ++x)
-      for (int64_t y = lo[1]; y <= hi[1]; ++y) {
-        int64_t p0, p1;
-        g_.column(x, y, lo[2], hi[2], p0, p1, cache);
-        if ((scanned += p1 - p0) > kMaxScan && !small) {  // a box over much of a large cloud
-          n_ = 0;
-          return Box::kTooBig;
-        }
-        if (int64_t(buf_.size()) < n_ + (p1 - p0)) buf_.resize(2 * (n_ + (p1 - p0)) + 64);
-        const float* p = g_.xyz.data() + 3 * p0;
-        uint64_t* out = buf_.data();
-        int64_t n = n_;
-        for (int64_t i = p0; i < p1; ++i, p += 3) {
-          const float d = dist2(p, q);
-          uint32_t bits;
-          std::memcpy(&bits, &d, sizeof(float));
-          out[n] = (uint64_t(bits) << 32) | uint64_t(i);
-          n += d <= r2;
-        }
-        n_ = n;
+    const bool within = g_.each_column(lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], [&](int64_t p0, int64_t p1) {
+      if ((scanned += p1 - p0) > kMaxScan && !small) return false;  // a box over much of a large cloud
+      if (int64_t(buf_.size()) < n_ + (p1 - p0)) buf_.resize(2 * (n_ + (p1 - p0)) + 64);
+      const float* p = g_.xyz.data() + 3 * p0;
+      uint64_t* out = buf_.data();
+      int64_t n = n_;
+      for (int64_t i = p0; i < p1; ++i, p += 3) {
+        const float d = dist2(p, q);
+        out[n] = (uint64_t(float_bits(d)) << 32) | uint64_t(i);
+        n += d <= r2;
       }
+      n_ = n;
+      return true;
+    });
+    if (!within) {
+      n_ = 0;
+      return Box::kTooBig;
+    }
     return whole ? Box::kWhole : Box::kPart;
   }
 };

@@ -19,7 +19,9 @@ backends. How it searches (see the C++ file for the details):
 
 Queries the grid does not settle (far outside the bulk of their cloud, or whose box would
 span more than 400 columns: outliers) are compared with every point of their cloud when they
-are few (at most 64, or 2^24 distances in all), else first try grids 8 and 64 times coarser.
+are few (at most 64, or 2^24 distances in all; runs of 64 points whose bounding box lies
+beyond the k-th distance found so far are passed over), else first try grids 8 and 64 times
+coarser.
 Those still left after that, every query of a cloud whose k-th distances spread over more
 than 25x (density falling steeply with the range around a spinning sensor: one cell size
 cannot serve it), and every query of a cloud too fine for float32 squared distances

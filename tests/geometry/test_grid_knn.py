@@ -179,6 +179,27 @@ def test_brute_forced_outlier_among_thousands_of_tied_points():
 
 
 @needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([0.0, 1e5, -3e6]), st.integers(1, 24), st.integers(1, 60))
+def test_brute_force_passing_over_far_runs_misses_no_neighbour(seed, offset, k, strays):
+    """Outliers brute-forced with runs of 64 points passed over when their box lies beyond the
+    k-th distance: on integer lattices far from the origin (float32 differences round, ties
+    everywhere) and strays whose nearest points sit exactly on the faces of run boxes, every
+    answer equals a float64 brute force up to ties."""
+    rng = np.random.default_rng(seed)
+    lattice = rng.integers(0, 12, size=(int(rng.integers(200, 3000)), 3)).astype(np.float64)
+    face = lattice[rng.integers(0, len(lattice), strays)]  # strays straight out from lattice points
+    axis = rng.integers(0, 3, strays)
+    stray = face.copy()
+    stray[np.arange(strays), axis] += rng.choice([-1, 1], strays) * rng.integers(40, 400, strays)
+    pts = np.concatenate([lattice, stray]) + offset
+    pts = pts[rng.permutation(len(pts))]
+    _, _, unsettled = grid_knn.grid_knn(pts.astype(np.float32), pts.astype(np.float32), [len(pts)], [len(pts)], k, 1)
+    assert not unsettled.any()
+    check_against_oracle(pts, pts, k, np.array([len(pts)]), np.array([len(pts)]), same=True)
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 def test_far_cross_queries_are_brute_forced_exactly_and_alike_on_any_thread_count(threads):
     """Queries of another set lying far outside the support (no box reaches them cheaply),
