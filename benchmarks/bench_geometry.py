@@ -19,7 +19,9 @@ Real-data cases (``real``, from ``$SCIFORMER_DATA``): kNN (k=16) on the largest 
 and the SemanticKITTI scans, in file order and shuffled, on uniform random 100k points and
 on a batch of 32 ModelNet10 clouds x 1024 points at 1 and 2 torch threads (pykdtree and
 scipy then loop over the clouds with the same threads); FPS to N/4 on the tiles vs
-fpsample. Each method runs round-robin ``--real-repeats`` times; the median is kept.
+fpsample. Each method runs round-robin ``--real-repeats`` times; the median time is kept,
+and the ratio to the peer is the median of the per-round ratios (each round's methods run
+back to back, so a drift of the machine's speed between rounds cancels).
 """
 
 from __future__ import annotations
@@ -407,8 +409,9 @@ def real_clouds(root, rng: np.random.Generator, tiles: int) -> list[tuple[str, n
     return out
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, float], dict[str, object]]:
-    """Median seconds of each function over ``repeats`` round-robin runs (after one warm-up)."""
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, list[float]], dict[str, object]]:
+    """Seconds of each function in each of ``repeats`` round-robin rounds (after one warm-up),
+    and each function's last result."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     last = {name: fn() for name, fn in fns.items()}
     for _ in range(repeats):
@@ -416,7 +419,7 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dic
             t0 = time.perf_counter()
             last[name] = fn()
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}, last
+    return times, last
 
 
 def same_rows(ours: torch.Tensor, theirs: np.ndarray) -> str:
@@ -436,12 +439,12 @@ def bench_real_knn(root, repeats: int, tiles: int, rng: np.random.Generator) -> 
     for name, pts in real_clouds(root, rng, tiles):
         print(f"# measuring kNN on {name} ...", file=sys.stderr, flush=True)
         x = torch.from_numpy(pts)
-        med, last = interleaved({
+        times, last = interleaved({
             "sciformer": lambda: knn(x, None, K).index,
             "pykdtree": lambda: KDTree(pts, leafsize=16).query(pts, k=K)[1],
             "scipy": lambda: cKDTree(pts, leafsize=16).query(pts, k=K, workers=threads)[1],
         }, repeats)
-        rows.append([f"kNN k={K}, {name}", f"{len(pts)}", str(threads), *fmt_times(med), same_rows(last["sciformer"], last["pykdtree"])])
+        rows.append([f"kNN k={K}, {name}", f"{len(pts)}", str(threads), *fmt_times(times), same_rows(last["sciformer"], last["pykdtree"])])
     h5 = os.path.join(root, "modelnet10_hdf5_1024", "ply_data_train0.h5")
     import h5py
 
@@ -453,7 +456,7 @@ def bench_real_knn(root, repeats: int, tiles: int, rng: np.random.Generator) -> 
         print(f"# measuring kNN on the ModelNet10 batch, {t} thread(s) ...", file=sys.stderr, flush=True)
         torch.set_num_threads(t)
         with threadpool_limits(t, user_api="openmp"):  # pykdtree gets the same threads
-            med, last = interleaved({
+            times, last = interleaved({
                 "sciformer": lambda: knn(x, None, K, offset).index,
                 "pykdtree": lambda: np.concatenate(
                     [KDTree(c, leafsize=16).query(c, k=K)[1].astype(np.int64) + 1024 * b for b, c in enumerate(clouds)]),
@@ -461,15 +464,19 @@ def bench_real_knn(root, repeats: int, tiles: int, rng: np.random.Generator) -> 
                     [cKDTree(c, leafsize=16).query(c, k=K, workers=t)[1] + 1024 * b for b, c in enumerate(clouds)]),
             }, repeats)
         rows.append([f"kNN k={K}, ModelNet10 batch 32 x 1024 (one call vs a loop over clouds)", "32768", str(t),
-                     *fmt_times(med), same_rows(last["sciformer"], last["pykdtree"])])
+                     *fmt_times(times), same_rows(last["sciformer"], last["pykdtree"])])
     torch.set_num_threads(threads)
     return rows
 
 
-def fmt_times(med: dict[str, float]) -> list[str]:
-    """sciformer, reference peer, scipy ("-" if none) and sciformer / reference peer."""
-    ours, peer, *rest = med.values()
-    return [f"{ours:.4f}", f"{peer:.4f}", f"{rest[0]:.4f}" if rest else "-", f"**{ours / peer:.2f}x**"]
+def fmt_times(times: dict[str, list[float]]) -> list[str]:
+    """Median seconds of sciformer, the reference peer and scipy ("-" if none), and the median
+    over rounds of sciformer's time / the peer's in the same round (robust to the machine's
+    speed drifting between rounds)."""
+    ours, peer, *rest = times.values()
+    ratio = statistics.median(a / b for a, b in zip(ours, peer))
+    med = [f"{statistics.median(t):.4f}" for t in (ours, peer, *rest)]
+    return [med[0], med[1], med[2] if rest else "-", f"**{ratio:.2f}x**"]
 
 
 def bench_real_fps(root, repeats: int, tiles: int, rng: np.random.Generator) -> list[list[str]]:
@@ -481,7 +488,7 @@ def bench_real_fps(root, repeats: int, tiles: int, rng: np.random.Generator) -> 
         print(f"# measuring FPS on {name} ...", file=sys.stderr, flush=True)
         x, m = torch.from_numpy(pts), len(pts) // 4
         height = int(min(max(round(np.log2(len(pts)) / 2 - 1), 1), np.floor(np.log2(len(pts)))))
-        med, last = interleaved({
+        times, last = interleaved({
             "sciformer": lambda: fps(x, n=m, start=0).index,
             "fpsample": lambda: fpsample.bucket_fps_kdline_sampling(pts, m, height, start_idx=0),
         }, repeats)
@@ -490,7 +497,7 @@ def bench_real_fps(root, repeats: int, tiles: int, rng: np.random.Generator) -> 
         first = int(np.argmax(ours != theirs)) if not np.array_equal(ours, theirs) else m
         same = "identical" if first == m else f"first {first} equal (float32 near-tie), " + (
             "same set" if np.array_equal(np.sort(ours), np.sort(theirs)) else "sets differ")
-        rows.append([f"FPS {name} -> N/4", f"{len(pts)}", str(torch.get_num_threads()), *fmt_times(med), same])
+        rows.append([f"FPS {name} -> N/4", f"{len(pts)}", str(torch.get_num_threads()), *fmt_times(times), same])
     return rows
 
 
@@ -569,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.print_table()
     if real:
         print()
-        print(f"# real data: median of {real_repeats} interleaved runs per method; pykdtree and scipy at the case's threads")
+        print(f"# real data: median of {real_repeats} interleaved runs per method; sciformer / peer: median of the "
+              "per-round ratios; pykdtree and scipy at the case's threads")
         print_real(real)
     sys.stdout.flush()
     return 0
