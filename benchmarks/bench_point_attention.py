@@ -14,8 +14,11 @@ Compute floor: the multiply-adds of each case's math, counted by
 implementation (``plain`` for the share_planes=1 math, ``plain-ptv1`` for share_planes=8;
 the fused path recomputes edge work, which the floor does not credit), divided by the peak
 matrix-multiply rate measured in the same process at the same threads (a 2048 x 2048 x 2048
-float32 matmul, best of 5). ``x floor`` = time / floor. Only GEMM-like ops count as work,
-so gathers, softmax and BatchNorm over edges all show as distance above the floor.
+float32 matmul, best of 5, after the rounds). ``x floor`` = time / floor. ``paired``: the
+median over rounds of each step's time / floor at the rate measured around that step (the
+better of one matmul just before and one just after it), so that the machine's speed
+drifting between the rounds and the rate measurement cancels. Only GEMM-like ops count as
+work, so gathers, softmax and BatchNorm over edges all show as distance above the floor.
 
 Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradients):
   pyg            torch_geometric.nn.PointTransformerConv, PTv1 pos_nn / attn_nn with
@@ -150,6 +153,17 @@ def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def paired_step(step: Callable[[], None]) -> tuple[float, float]:
+    """Seconds of one ``step`` and the peak matmul rate at that moment: the better of one
+    2048^3 matmul just before and one just after it (the machine's speed drifts between
+    rounds; a rate taken minutes apart can differ by 1.5x here)."""
+    before = gemm_gflops(repeats=1)
+    t0 = time.perf_counter()
+    step()
+    seconds = time.perf_counter() - t0
+    return seconds, max(before, gemm_gflops(repeats=1))
+
+
 PARTS = {  # module, autograd Function: the parts of the fused v1 layer timed by --parts
     "edge statistics": ("sciformer.attention._neighborhood_moments", "EdgeMoments"),
     "position MLP hidden": ("sciformer.attention._neighborhood_position", "RelativePositionHidden"),
@@ -191,20 +205,21 @@ def child_timing(
     if parts:
         time_parts(seconds)
     times: dict[str, list[float]] = {case: [] for case in cases}
+    rates: dict[str, list[float]] = {case: [] for case in cases}
     by_case: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for case, step in steps.items():
             seconds.clear()
-            t0 = time.perf_counter()
-            step()
-            times[case].append(time.perf_counter() - t0)
+            sec, rate = paired_step(step)
+            times[case].append(sec)
+            rates[case].append(rate)
             for key, sec in seconds.items():
                 by_case.setdefault(case, {}).setdefault(key, 0.0)
                 by_case[case][key] += sec / rounds
     gflop = {case: count_gflop(math_of(case), data, c, chunk) for case in cases if case != "pyg"}
     if "pyg" in cases:
         gflop["pyg"] = count_gflop("plain", data, c, chunk)  # the same math as plain
-    return {"times": times, "gflop": gflop, "gemm_gflops": gemm_gflops(), "parts": by_case}
+    return {"times": times, "rates": rates, "gflop": gflop, "gemm_gflops": gemm_gflops(), "parts": by_case}
 
 
 def _child(args: argparse.Namespace, extra: list[str]) -> dict:
@@ -273,10 +288,12 @@ def main() -> None:
         f"threads={args.threads}; time: median of {args.rounds} interleaved rounds; "
         f"peak: ru_maxrss above baseline, fresh process per case; "
         f"load average {load0:.1f} -> {load1:.1f} (2 cores shared); "
-        f"floor = GFLOP of the case's math / peak matmul rate {rate:.1f} GFLOP/s (same process, same threads)"
+        f"floor = GFLOP of the case's math / peak matmul rate {rate:.1f} GFLOP/s (same process, same threads, "
+        f"after the rounds); paired = median over rounds of time / floor at the rate measured around that step "
+        f"({min(min(r) for r in timing['rates'].values()):.1f}-{max(max(r) for r in timing['rates'].values()):.1f} GFLOP/s)"
     )
     head = f"{'impl':16s} {'time s':>8s} {'peak MB':>8s} {'speed-up vs pyg':>16s}"
-    print(f"{head} {'mem vs pyg':>11s} {'math GFLOP':>11s} {'floor s':>8s} {'x floor':>8s}")
+    print(f"{head} {'mem vs pyg':>11s} {'math GFLOP':>11s} {'floor s':>8s} {'x floor':>8s} {'paired':>8s}")
     for case in cases:
         t = statistics.median(times[case])
         m = statistics.median(peaks[case])
@@ -286,7 +303,9 @@ def main() -> None:
         else:
             sp = mr = "-"
         floor = gflop[case] / rate
-        print(f"{case:16s} {t:8.3f} {m:8.0f} {sp:>16s} {mr:>11s} {gflop[case]:11.2f} {floor:8.3f} {t / floor:7.1f}x")
+        paired = statistics.median(sec * r / gflop[case] for sec, r in zip(times[case], timing["rates"][case]))
+        print(f"{case:16s} {t:8.3f} {m:8.0f} {sp:>16s} {mr:>11s} {gflop[case]:11.2f} {floor:8.3f} {t / floor:7.1f}x"
+              f" {paired:7.2f}x")
     for case, part in timing["parts"].items():  # --parts
         total = statistics.mean(times[case])
         print(f"\n{case}: mean s per step by part (the rest: projections and per-point operations)")
