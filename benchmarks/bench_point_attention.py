@@ -44,6 +44,7 @@ stages 1 and 2) and the rest of the step.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -143,12 +144,19 @@ def count_gflop(case: str, data: str, c: int, chunk: int | None) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """Peak float32 matmul rate at the current threads, GFLOP/s (best of ``repeats``)."""
+@functools.cache
+def _gemm_operands(size: int) -> tuple:
+    """Two random (size, size) float32 matrices, made once and multiplied once (warm-up)."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b  # warm-up
+    a @ b
+    return a, b
+
+
+def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """Peak float32 matmul rate at the current threads, GFLOP/s (best of ``repeats``)."""
+    a, b = _gemm_operands(size)
     best = min((lambda t0: (a @ b, time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(repeats))
     return 2 * size**3 / best / 1e9
 
@@ -156,7 +164,7 @@ def gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
 def paired_step(step: Callable[[], None]) -> tuple[float, float]:
     """Seconds of one ``step`` and the peak matmul rate at that moment: the better of one
     2048^3 matmul just before and one just after it (the machine's speed drifts between
-    rounds; a rate taken minutes apart can differ by 1.5x here)."""
+    rounds; the rate measured once after the rounds read 90-180 GFLOP/s within an hour here)."""
     before = gemm_gflops(repeats=1)
     t0 = time.perf_counter()
     step()

@@ -213,8 +213,8 @@ int sf_grid_knn(const float* sup, const float* qry, const int64_t* s_end, const 
     });
     // Queries left (sparse parts of an uneven cloud, outliers) are compared with every point
     // (but the runs of points whose box lies too far) when few (cheaper than the KD-tree's
-    // build), else try grids 8 and 64 times coarser
-    // first; what even those leave goes to the caller's KD-tree.
+    // build), else try grids 8 and 64 times coarser first; what even those leave goes to
+    // the caller's KD-tree.
     for (int level = 1; level <= 3; ++level) {
       std::vector<int64_t> rest;
       for (int64_t j = 0; j < mq; ++j)
