@@ -38,6 +38,14 @@ from sciformer.attention._neighborhood_parallel import run_chunks, sum_parts
 from sciformer.utils.native import empty_large
 
 
+def graph_is_freed() -> bool:
+    """Whether the running backward pass frees the graph's saved tensors (no
+    ``retain_graph`` / ``create_graph``), so that one read for the last time may be
+    overwritten; False where this torch cannot tell."""
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keep is not None and not keep()
+
+
 class VectorStage1(torch.autograd.Function):
     """First half of the PTv1 weight MLP, with its BatchNorm folded into the inputs.
 
@@ -230,8 +238,10 @@ class VectorStage2(torch.autograd.Function):
         y_i[c] = \\sum_j p_{ij}[c \\bmod G]\\,(V_{n(i,j)} + W_p P_{ij} + b_p)[c]
 
     The softmax ``p`` (N, k, G) is kept for the backward pass (``keep_prob``; without it
-    no backward pass is possible, e.g. for inference); the gathered values plus position
-    encoding (n, k, C) are recomputed per chunk. ``b_p`` leaves the sum over neighbours
+    no backward pass is possible, e.g. for inference), which writes the gradient of u over
+    it when it frees the graph (:func:`graph_is_freed`; one (N, k, G) block less at the
+    step's peak); the gathered values plus position encoding (n, k, C) are recomputed per
+    chunk. ``b_p`` leaves the sum over neighbours
     unchanged in weight (softmax sums to one) and is added once per point; ``b_2``
     shifts all neighbours' logits equally, so the softmax ignores it (zero gradient).
 
@@ -303,7 +313,10 @@ class VectorStage2(torch.autograd.Function):
         c, d = Wp.shape
         sh = c // g
         grad_y = grad_y.contiguous()
-        gu = empty_large(u, u.shape) if nu else None
+        gu = None
+        if nu:  # each tile's softmax is read before its gradient of u is written: it can
+            # take the softmax's block, unless the graph is kept for another backward pass
+            gu = prob if graph_is_freed() else empty_large(u, u.shape)  # (N, k, G)
         gP = torch.empty_like(P) if nP else None
         gb2 = W2.new_zeros(W2.shape[0]) if nb2 else None  # the softmax is shift invariant
         gbp = grad_y.sum(0) if nbp else None
