@@ -16,7 +16,6 @@ differs; any weight sized by the band count, of which the spectral models have n
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from sciformer.errors import CheckpointError, SciformerError
+from sciformer.utils.digest import file_sha256
 
 Shape = tuple[int, ...]
 MAX_NAMES = 4  # tensor names listed in one line before "+N more"
@@ -273,7 +273,7 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
         line += "; re-initialised " + "; ".join(f"{_list(names)} ({why})" for why, names in redone.items())
     if unused:
         line += f"; ignored {len(unused)} checkpoint tensors the model lacks ({_list(unused)})"
-    record = {"checkpoint": str(file.resolve()), "sha256": _sha256(file), "model": ctx.ckpt_model, "epoch": state.get("epoch"),
+    record = {"checkpoint": str(file.resolve()), "sha256": file_sha256(file), "model": ctx.ckpt_model, "epoch": state.get("epoch"),
               "loaded": len(loaded), "tensors": len(own), "reinitialised": [n for names in redone.values() for n in names]}
     placement = band_placement(state.get("data_state"), ((state.get("config") or {}).get("model") or {}).get("position_source"))
     if placement is not None:  # hyperspectral: how the checkpoint's model placed bands
@@ -281,14 +281,6 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
     if isinstance(state.get("pretrain"), dict):  # written by `sciformer pretrain`: how the encoder was pre-trained
         record["pretrain"] = {k: v for k, v in state["pretrain"].items() if k not in ("history", "env")}
     return line, record
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_init_from(value: str | os.PathLike[str], base_dir: Path) -> Path:

@@ -915,23 +915,31 @@ def _(d: Path, t: Trained) -> list[str]:
 @case("point-scenes-label-file-missing", "_labels.npy: label file of", "_points.npy not found")
 def _(d: Path, t: Trained) -> list[str]:
     argv = _scenes(d, label_files=["_points.npy", "_labels.npy"])
-    for name in "abc":
-        np.save(d / "scans" / f"{name}_points.npy", cloud())
+    for seed, name in enumerate("abc"):  # different clouds: splits may not share a file's bytes
+        np.save(d / "scans" / f"{name}_points.npy", cloud(seed=seed))
+    return argv
+
+
+@case("point-scenes-copy-in-two-splits", "data.test_files: c_points.npy has the same bytes as", "splits must not share files")
+def _(d: Path, t: Trained) -> list[str]:
+    argv = _scenes(d, label_files=["_points.npy", "_labels.npy"])
+    for seed, name in enumerate("abc"):
+        np.save(d / "scans" / f"{name}_points.npy", cloud(seed=seed % 2))  # c is a copy of a (train)
     return argv
 
 
 @case("point-scenes-no-label-field", ".ply: no label field", "data.label_files")
 def _(d: Path, t: Trained) -> list[str]:
     argv = _scenes(d, ".ply")
-    for name in "abc":
-        (d / "scans" / f"{name}.ply").write_text(ply_text(cloud()))
+    for seed, name in enumerate("abc"):
+        (d / "scans" / f"{name}.ply").write_text(ply_text(cloud(seed=seed)))
     return argv
 
 
 def _bin_scans(d: Path, values: int, **data: Any) -> list[str]:
     argv = _scenes(d, ".bin", label_files=[".bin", ".label"], **data)
-    for name in "abc":
-        (d / "scans" / f"{name}.bin").write_bytes(np.zeros(values, "<f4").tobytes())
+    for i, name in enumerate("abc"):
+        (d / "scans" / f"{name}.bin").write_bytes(np.full(values, i, "<f4").tobytes())
         np.zeros(10, "<u4").tofile(d / "scans" / f"{name}.label")
     return argv
 

@@ -63,7 +63,7 @@ from sciformer.data.pointcloud.export import (
 )
 from sciformer.data.pointcloud.geometric import cached_geometric_features, features_as_recorded, geometric_state
 from sciformer.data.pointcloud.io import las_has_rgb, read_point_file
-from sciformer.data.pointcloud.point_scenes import check_classes, check_disjoint_splits
+from sciformer.data.pointcloud.point_scenes import check_classes
 from sciformer.data.pointcloud.predict_file import (
     predict_cloud,
     read_cloud,
@@ -76,6 +76,7 @@ from sciformer.data.pointcloud.scenes import (
     SceneSegmentationTask,
     SceneSource,
 )
+from sciformer.data.pointcloud.split_files import check_disjoint_splits
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     Compose,
@@ -312,7 +313,7 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
             if p.suffix.lower() not in (".las", ".laz"):
                 raise DataError(f"data.{split}_files: '{f}' is not a .las/.laz file")
             paths[split].append(p)
-    check_disjoint_splits(paths, "tiles")  # by file identity: './a.laz', an absolute path or a link is the same tile
+    check_disjoint_splits(paths, "tiles")  # './a.laz', an absolute path, a link or a copy is the same tile
     every = [p for ps in paths.values() for p in ps]
     with_rgb = {p: las_has_rgb(p) for p in every}
     if cfg.features is None:

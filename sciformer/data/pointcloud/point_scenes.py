@@ -57,6 +57,7 @@ from sciformer.data.pointcloud.scenes import (
     SceneSegmentationTask,
     SceneSource,
 )
+from sciformer.data.pointcloud.split_files import check_disjoint_splits
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     Compose,
@@ -171,23 +172,6 @@ def expand_files(key: str, patterns: list[str], root: Path) -> list[Path]:
                 raise DataError(f"data.{key}: '{p.name}' is not a point file ({', '.join(POINT_SUFFIXES)})")
         out.extend(found)
     return out
-
-
-def check_disjoint_splits(paths: dict[str, list[Path]], noun: str = "files") -> None:
-    """Refuse a file in two splits or twice in one (DataError), however it is named: another
-    spelling, an absolute path, a symbolic or a hard link to it are the same file (device and inode)."""
-    owner: dict[tuple[int, int], tuple[str, str]] = {}
-    for split, ps in paths.items():
-        for p in ps:
-            st = p.stat()
-            key = (st.st_dev, st.st_ino)
-            if key in owner:
-                other_split, other_name = owner[key]
-                same = "" if other_name == str(p) else f" (as {other_name})"
-                if other_split == split:
-                    raise DataError(f"data.{split}_files: {p.name} is listed twice{same}; each file once")
-                raise DataError(f"data.{split}_files: {p.name} is also in data.{other_split}_files{same}; splits must not share {noun}")
-            owner[key] = (split, str(p))
 
 
 def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:

@@ -113,7 +113,7 @@ def test_formats_with_a_label_field(tmp_path: Path, ctx: BuildContext) -> None:
     with pytest.raises(DataError, match="data.features uses 'intensity' but the file has no intensity"):
         build_point_scenes(PointScenesConfig(train_files=["a.ply"], val_files=["b.txt"], features=["intensity"], **base),
                            ctx).scene("val", 0)
-    np.column_stack([coord, np.ones(300)]).astype("<f4").tofile(tmp_path / "d.bin")
+    np.column_stack([coord, np.full(300, 2.0)]).astype("<f4").tofile(tmp_path / "d.bin")  # not a copy of c.bin
     label.astype("<u4").tofile(tmp_path / "d.label")
     train = build_point_scenes(bins.model_copy(update={"val_files": ["d.bin"]}), ctx).dataset("train")[0]
     np.testing.assert_array_equal(train["label"], label)
@@ -167,8 +167,8 @@ def test_geometric_feature_rows_cache_and_predict(tmp_path: Path, ctx: BuildCont
     rng = np.random.default_rng(5)
     coord = rng.uniform(0, 20, size=(900, 3)) * [1, 1, 0.2]
     label = (coord[:, 2] > 2).astype(np.int64)
-    for name in ("a", "b"):
-        np.save(tmp_path / f"{name}.npy", np.column_stack([coord, label]))
+    np.save(tmp_path / "a.npy", np.column_stack([coord, label]))
+    np.save(tmp_path / "b.npy", np.column_stack([coord, label])[::-1])  # not a copy: splits must not share one
     cfg = PointScenesConfig(root=str(tmp_path), train_files=["a.npy"], val_files=["b.npy"], classes=["low", "high"],
                             columns=["x", "y", "z", "label"], features=["geometric"], eval_max_points=500)
     task = build_point_scenes(cfg, ctx)

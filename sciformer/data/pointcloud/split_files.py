@@ -1,0 +1,69 @@
+"""Files listed per split (``data.train_files`` / ``val_files`` / ``test_files``): no file
+may serve two splits, under any name and as any copy.
+
+Used by the point-scene and LiDAR-tile datasets after their files are found.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from sciformer.errors import DataError
+from sciformer.utils.digest import ends_sha256, file_sha256
+
+
+def check_disjoint_splits(paths: dict[str, list[Path]], noun: str = "files") -> None:
+    """Refuse (DataError) a file in two splits or twice in one, however it is named: another
+    spelling, an absolute path, a symbolic or a hard link to it are the same file (device and
+    inode); and a byte-identical copy of a file in another split (same size, then the same
+    first and last 8 KiB, then the same SHA-256: only files that agree so far are read
+    whole). Copies within one split are allowed; a file that cannot be read is a DataError."""
+    owner: dict[tuple[int, int], tuple[str, str]] = {}
+    by_size: dict[int, list[tuple[str, Path]]] = defaultdict(list)
+    for split, ps in paths.items():
+        for p in ps:
+            st = p.stat()
+            key = (st.st_dev, st.st_ino)
+            if key in owner:
+                other_split, other_name = owner[key]
+                same = "" if other_name == str(p) else f" (as {other_name})"
+                if other_split == split:
+                    raise DataError(f"data.{split}_files: {p.name} is listed twice{same}; each file once")
+                raise DataError(f"data.{split}_files: {p.name} is also in data.{other_split}_files{same}; splits must not share {noun}")
+            owner[key] = (split, str(p))
+            if st.st_size > 0:  # (an empty file is refused by its reader)
+                by_size[st.st_size].append((split, p))
+    for group in by_size.values():
+        _refuse_copies(_in_two_splits(group, ends_sha256), noun)
+
+
+def _in_two_splits(group: list[tuple[str, Path]], digest: Callable[[Path], str]) -> list[tuple[str, Path]]:
+    """The files of ``group`` whose ``digest`` equals that of a file in another split (in order)."""
+    if len({split for split, _ in group}) < 2:
+        return []
+    keys = [_read(digest, p) for _, p in group]
+    splits: dict[str, set[str]] = defaultdict(set)
+    for (split, _), key in zip(group, keys):
+        splits[key].add(split)
+    return [item for item, key in zip(group, keys) if len(splits[key]) > 1]
+
+
+def _refuse_copies(group: list[tuple[str, Path]], noun: str) -> None:
+    """Raise for the first file of ``group`` whose whole content equals that of a file listed
+    before it in another split."""
+    first: dict[str, tuple[str, Path]] = {}
+    for split, p in group:
+        key = _read(file_sha256, p)
+        other_split, other = first.setdefault(key, (split, p))
+        if other_split != split:
+            raise DataError(f"data.{split}_files: {p.name} has the same bytes as {other} in data.{other_split}_files; "
+                            f"splits must not share {noun}")
+
+
+def _read(digest: Callable[[Path], str], path: Path) -> str:
+    try:
+        return digest(path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
