@@ -29,6 +29,7 @@ from sciformer.data.pointcloud.chunking import (
     tta_views,
 )
 from sciformer.data.pointcloud.dataset import PointDataset, PointTask
+from sciformer.data.pointcloud.file_rows import file_rows, loaded_file_rows
 from sciformer.data.pointcloud.io import write_ply
 from sciformer.data.pointcloud.sample import (
     assemble_features,
@@ -218,12 +219,14 @@ def predict_scene(
     Shapes: -> (n,) int64, n = the scene's full point count.
     """
     full, keep, inverse, _, clouds = dataset._scene(scene)
+    rows = loaded_file_rows(dataset.source.left_out_rows(scene))  # (n,) or None: loaded point -> file row
+    ids = keep if rows is None else rows[keep]  # (m,) the file rows errors name
     if overlap > 0 or tuple(views) != (None,):
         probs = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
         for part in clouds:  # the scene, then each group of gross outliers, as predict does
             probs[part] = predict_chunked(predict, index_points(full, keep[part]), dataset.prepare, num_classes=num_classes,
                                           max_points=dataset.max_points, overlap=overlap, batch_size=batch_size,
-                                          views=views, collate=collate, point_ids=keep[part])
+                                          views=views, collate=collate, point_ids=ids[part])
         return probs.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
     item_ids = [i for i, (s, _) in enumerate(dataset.items) if s == scene]
     logits_kept = np.zeros((len(keep), num_classes), dtype=np.float32)  # (m, C)
@@ -237,26 +240,10 @@ def predict_scene(
         if logits.shape != (total, num_classes):
             raise DataError(f"predict returned logits of shape {logits.shape}, expected ({total}, {num_classes})")
         probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()  # (N, C) inf or NaN logits -> NaN
-        check_finite_scores(probs, np.concatenate([dataset.positions(i)[1] for i in chunk]), keep)
+        check_finite_scores(probs, np.concatenate([dataset.positions(i)[1] for i in chunk]), ids)
         for i, part in zip(chunk, split_by_offset(logits, batch["offset"].numpy()), strict=True):
             logits_kept[dataset.positions(i)[1]] = part
     return logits_kept.argmax(axis=1)[inverse].astype(np.int64)  # (n,)
-
-
-def file_rows(pred: np.ndarray, left_out: tuple[np.ndarray, int] | None) -> np.ndarray:
-    """Predictions of a scene's loaded points laid out on every row of its file, -1 on the
-    rows left out (``left_out``: those rows and the file's row count, or None).
-
-    Shapes: pred (n,) -> (rows,) int64
-    """
-    if left_out is None:
-        return pred
-    rows, total = left_out
-    out = np.full(total, -1, dtype=np.int64)  # (rows,)
-    keep = np.ones(total, dtype=bool)
-    keep[rows] = False
-    out[keep] = pred
-    return out
 
 
 def scene_predictions(
