@@ -6,12 +6,16 @@ Used by the point-scene and LiDAR-tile datasets after their files are found.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from sciformer.errors import DataError
 from sciformer.utils.digest import ends_sha256, file_sha256
+
+T = TypeVar("T")
 
 
 def check_disjoint_splits(paths: dict[str, list[Path]], noun: str = "files") -> None:
@@ -24,7 +28,7 @@ def check_disjoint_splits(paths: dict[str, list[Path]], noun: str = "files") -> 
     by_size: dict[int, list[tuple[str, Path]]] = defaultdict(list)
     for split, ps in paths.items():
         for p in ps:
-            st = p.stat()
+            st = _read(os.stat, split, p)
             key = (st.st_dev, st.st_ino)
             if key in owner:
                 other_split, other_name = owner[key]
@@ -43,7 +47,7 @@ def _in_two_splits(group: list[tuple[str, Path]], digest: Callable[[Path], str])
     """The files of ``group`` whose ``digest`` equals that of a file in another split (in order)."""
     if len({split for split, _ in group}) < 2:
         return []
-    keys = [_read(digest, p) for _, p in group]
+    keys = [_read(digest, split, p) for split, p in group]
     splits: dict[str, set[str]] = defaultdict(set)
     for (split, _), key in zip(group, keys):
         splits[key].add(split)
@@ -55,15 +59,16 @@ def _refuse_copies(group: list[tuple[str, Path]], noun: str) -> None:
     before it in another split."""
     first: dict[str, tuple[str, Path]] = {}
     for split, p in group:
-        key = _read(file_sha256, p)
+        key = _read(file_sha256, split, p)
         other_split, other = first.setdefault(key, (split, p))
         if other_split != split:
             raise DataError(f"data.{split}_files: {p.name} has the same bytes as {other} in data.{other_split}_files; "
                             f"splits must not share {noun}")
 
 
-def _read(digest: Callable[[Path], str], path: Path) -> str:
+def _read(read: Callable[[Path], T], split: str, path: Path) -> T:
+    """``read(path)``; an OSError (a file gone or unreadable since it was listed) as a DataError."""
     try:
-        return digest(path)
+        return read(path)
     except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+        raise DataError(f"data.{split}_files: {path}: cannot read ({exc.strerror or type(exc).__name__})") from None

@@ -101,5 +101,8 @@ def test_a_file_that_cannot_be_read_is_a_data_error(tmp_path: Path, monkeypatch:
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(split_files, "ends_sha256", denied)
-    with pytest.raises(DataError, match=r"a.las: cannot read \(Permission denied\)"):
+    with pytest.raises(DataError, match=r"^data.train_files: .*a.las: cannot read \(Permission denied\)$"):
         check_disjoint_splits({"train": [a], "val": [b], "test": []})
+    gone = tmp_path / "gone.las"  # listed, then removed before the check
+    with pytest.raises(DataError, match=r"^data.val_files: .*gone.las: cannot read \(No such file or directory\)$"):
+        check_disjoint_splits({"train": [a], "val": [gone], "test": []})
