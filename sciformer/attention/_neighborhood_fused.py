@@ -241,9 +241,9 @@ class VectorStage2(torch.autograd.Function):
     no backward pass is possible, e.g. for inference), which writes the gradient of u over
     it when it frees the graph (:func:`graph_is_freed`; one (N, k, G) block less at the
     step's peak); the gathered values plus position encoding (n, k, C) are recomputed per
-    chunk. ``b_p`` leaves the sum over neighbours
-    unchanged in weight (softmax sums to one) and is added once per point; ``b_2``
-    shifts all neighbours' logits equally, so the softmax ignores it (zero gradient).
+    chunk. ``b_p`` leaves the sum over neighbours unchanged in weight (softmax sums to one)
+    and is added once per point; ``b_2`` shifts all neighbours' logits equally, so the
+    softmax ignores it (zero gradient).
 
     Shapes:
         idx: (N, k); u: (N, k, G); s2, t2: (G,); W2: (G, G); b2: (G,); V: (M, C);
