@@ -17,11 +17,10 @@ EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "pr
 
 
 def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
-    """Write ``metrics.json``, ``per_class.csv`` and ``confusion_matrix.csv`` into ``out_dir``."""
+    """Write ``per_class.csv``, ``confusion_matrix.csv`` and, last, ``metrics.json`` into
+    ``out_dir`` (each atomically): a folder with ``metrics.json`` holds the whole evaluation."""
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"split": split, **scores_to_dict(scores, class_names), "miou_rule": MIOU_RULE, **extra}
-    atomic_write_text(out_dir / "metrics.json", json.dumps(payload, indent=2, default=_json_default) + "\n")
-
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["class_id", "class", "accuracy", "iou", "support"])
@@ -35,6 +34,7 @@ def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: lis
     for i, name in enumerate(class_names):
         writer.writerow([name, *(int(v) for v in scores.confusion[i])])
     atomic_write_text(out_dir / "confusion_matrix.csv", buf.getvalue())
+    atomic_write_text(out_dir / "metrics.json", json.dumps(payload, indent=2, default=_json_default) + "\n")
     return payload
 
 

@@ -109,3 +109,26 @@ def test_metrics_json_names_the_rule(tmp_path) -> None:
     payload = json.loads((tmp_path / "metrics.json").read_text())
     assert payload["miou_rule"] == MIOU_RULE and "macro" in MIOU_RULE
     assert [k for k in payload if "iou" in k.lower() and k not in ("miou", "miou_rule")] == []
+
+
+def test_metrics_json_is_written_last(tmp_path, monkeypatch) -> None:
+    """A write that fails part-way leaves no metrics.json (the mark of a whole evaluation)."""
+    from sciformer.engine import report
+
+    s = scores_from_confusion(np.array([[1, 0], [1, 2]]))
+    real = report.atomic_write_text
+    for failing in ("per_class.csv", "confusion_matrix.csv"):
+        out = tmp_path / failing
+
+        def write(path, text, _failing=failing):
+            if path.name == _failing:
+                raise OSError(28, "No space left on device")
+            real(path, text)
+
+        monkeypatch.setattr(report, "atomic_write_text", write)
+        with pytest.raises(OSError):
+            report.write_evaluation(out, "test", s, ["a", "b"], {})
+        assert not (out / "metrics.json").exists()
+    monkeypatch.setattr(report, "atomic_write_text", real)
+    report.write_evaluation(tmp_path / "whole", "test", s, ["a", "b"], {})
+    assert sorted(p.name for p in (tmp_path / "whole").iterdir()) == ["confusion_matrix.csv", "metrics.json", "per_class.csv"]
