@@ -22,8 +22,6 @@ transductive (``--pixels all``) or the encoder saw another split's training pixe
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 import time
@@ -44,12 +42,15 @@ from sciformer.engine.launch import default_run_dir
 from sciformer.engine.loops import TrainingDiverged, to_device
 from sciformer.engine.noise import PerSampleRNG
 from sciformer.engine.pretrain_record import train_pixels_digest
+from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.errors import ConfigError, SciformerError
 from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
+
+CSV_FIELDS = ["epoch", "train_loss", "lr", "epoch_time_s"]  # metrics.csv of a pre-training run
 
 
 @dataclass
@@ -172,7 +173,7 @@ def _write(run_dir: Path, exp: Experiment, task: Any, record: dict[str, Any], pa
         atomic_write_text(run_dir / "config.yaml", exp.to_yaml())
         task.save_artifacts(run_dir)  # splits.npz, protocol.json: the pixels the normaliser was fitted on
         atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
-        atomic_write_text(run_dir / "metrics.csv", _csv(record["history"]))
+        atomic_write_text(run_dir / "metrics.csv", metrics_csv_text(record["history"], CSV_FIELDS))
         save_checkpoint(run_dir / "checkpoints" / "best.pt", payload)
     except BaseException as exc:
         for path in written:
@@ -208,11 +209,3 @@ def _epoch(objective: MaskedBandModelling, task: Any, dataset: Any, optimizer: t
         total += value * n
         count += n
     return total / max(count, 1)
-
-
-def _csv(history: list[dict[str, Any]]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["epoch", "train_loss", "lr", "epoch_time_s"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(history)
-    return out.getvalue()

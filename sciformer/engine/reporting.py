@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -136,6 +137,17 @@ class RunLog:
 
 
 # ------------------------------------------------------------------------- images
+
+
+def metrics_csv_text(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
+    """A run's ``metrics.csv``: a header of ``fields``, then one line per row (keys not in
+    ``fields`` left out, None as an empty cell; read back by :func:`read_metrics_csv`)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
 
 
 def read_metrics_csv(path: Path) -> list[dict[str, float]]:

@@ -14,8 +14,6 @@ Run folder layout::
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -40,6 +38,7 @@ from sciformer.engine.loops import TrainingDiverged, evaluate, train_steps
 from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
+from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.runfolder import check_resume_state, lock_run_dir
 from sciformer.engine.runtime import (
     apply_threads,
@@ -216,12 +215,7 @@ class Trainer:
     def _write_metrics_csv(self) -> None:
         if not self.dist.is_main:
             return
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for row in self.history:
-            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-        atomic_write_text(self.run_dir / "metrics.csv", buf.getvalue())
+        atomic_write_text(self.run_dir / "metrics.csv", metrics_csv_text(self.history, CSV_FIELDS))
 
     def _prepare_run_dir(self) -> None:
         if not self.dist.is_main:

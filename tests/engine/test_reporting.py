@@ -157,3 +157,19 @@ def test_compare_csv_never_replaces_run_files(two_runs: list[Path], tmp_path: Pa
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert main(["compare", *map(str, two_runs), "--csv", str(tmp_path / "table.csv")]) == 0
     assert (tmp_path / "table.csv").read_text().startswith("run,")
+
+
+def test_metrics_csv_text_round_trip(tmp_path) -> None:
+    """The one metrics.csv writer (training and pre-training): header = fields in order, other
+    keys left out, None written empty and read back as NaN, Unix line ends."""
+    import math
+
+    from sciformer.engine.reporting import metrics_csv_text, read_metrics_csv
+
+    rows = [{"epoch": 1, "train_loss": 0.5, "val_loss": None, "extra": "x"}, {"epoch": 2, "train_loss": 0.25, "val_loss": 0.75}]
+    text = metrics_csv_text(rows, ["epoch", "train_loss", "val_loss"])
+    assert text == "epoch,train_loss,val_loss\n1,0.5,\n2,0.25,0.75\n"
+    path = tmp_path / "metrics.csv"
+    path.write_text(text)
+    back = read_metrics_csv(path)
+    assert back[1] == {"epoch": 2.0, "train_loss": 0.25, "val_loss": 0.75} and math.isnan(back[0]["val_loss"])
