@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from sciformer.config import Experiment
 from sciformer.contracts import PredictOptions, TaskData
 from sciformer.engine.batching import make_loader
 from sciformer.engine.distributed import DistContext
+from sciformer.engine.folder_lock import drop_folder_lock, open_folder_lock
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
@@ -117,11 +120,34 @@ def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
                              "choose another --output-dir or pass --overwrite to replace them")
 
 
+EVALUATION_LOCK = ".evaluate.lock"  # held in the folder while an evaluation writes it
+
+
+@contextlib.contextmanager
+def locked_evaluation_dir(out_dir: Path, overwrite: bool) -> Iterator[None]:
+    """Hold ``out_dir`` for one evaluation: created and locked (a second evaluation into it
+    meanwhile is refused with one line), then checked again (:func:`check_evaluation_dir`:
+    another one may have finished there since the first check). On leaving, the lock file goes,
+    and so do the folders this created where nothing was written into them (a failure)."""
+    absolute = Path(os.path.abspath(out_dir))
+    created = tuple(p for p in (absolute, *absolute.parents) if not p.exists())  # innermost first
+    handle = open_folder_lock(out_dir, EVALUATION_LOCK)
+    try:
+        check_evaluation_dir(out_dir, overwrite)
+        yield
+    finally:
+        drop_folder_lock(out_dir, EVALUATION_LOCK, handle)
+        with contextlib.suppress(OSError):
+            for folder in created:
+                folder.rmdir()  # not empty (an evaluation's files, someone else's): stops here
+
+
 def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_dir: Path | None, *,
                          allow_band_mismatch: bool = False, overwrite: bool = False) -> Path:
     """``sciformer evaluate``: one checkpoint or an ensemble on ``evaluation.split``; returns the folder written.
 
-    The folder (``output_dir`` or :func:`evaluation_folder`) is checked before any data is read.
+    The folder (``output_dir`` or :func:`evaluation_folder`) is checked before any data is read
+    and held while it is written (:func:`locked_evaluation_dir`).
     """
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
@@ -132,12 +158,13 @@ def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_d
     exp, state, model, device = load_models(checkpoints, overrides)
     files = [checkpoint_file(c, in_run="best.pt") for c in checkpoints]
     out_dir = output_dir if output_dir is not None else evaluation_folder(files, exp.cfg.evaluation.split)
-    check_evaluation_dir(out_dir, overwrite)
-    task = builders.build_task(exp)
-    check_split_not_empty(task, exp.cfg.evaluation.split)
-    task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=allow_band_mismatch)
-    check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
-    extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
-        {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
-    evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
+    check_evaluation_dir(out_dir, overwrite)  # before any data is read
+    with locked_evaluation_dir(out_dir, overwrite):
+        task = builders.build_task(exp)
+        check_split_not_empty(task, exp.cfg.evaluation.split)
+        task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=allow_band_mismatch)
+        check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
+        extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
+            {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
+        evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
     return out_dir

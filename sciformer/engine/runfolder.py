@@ -21,13 +21,9 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
+from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, open_folder_lock
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import temporary_of
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; the folder check still applies
-    fcntl = None  # type: ignore[assignment]
 
 
 class RunFolderError(SciformerError):
@@ -137,17 +133,21 @@ class RunLock:
     def release(self) -> None:
         """Unlock. Where nothing was written but the lock, what this process created goes again:
         the lock file, the run folder and the folders above it that it created (while empty)."""
+        untouched = False
         with contextlib.suppress(OSError):
-            if self.lock_created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
-                    and not any((self.run_dir / "checkpoints").glob("*")):
-                (self.run_dir / ".lock").unlink()
-                if self.created:
-                    with contextlib.suppress(FileNotFoundError):
-                        (self.run_dir / "checkpoints").rmdir()
-                    self.run_dir.rmdir()
-                    for parent in self.parents:
-                        parent.rmdir()  # OSError (not empty: someone wrote there meanwhile) stops here
-        self.handle.close()
+            untouched = self.lock_created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
+                and not any((self.run_dir / "checkpoints").glob("*"))
+        if not untouched:
+            self.handle.close()
+            return
+        drop_folder_lock(self.run_dir, ".lock", self.handle)
+        if self.created:
+            with contextlib.suppress(OSError):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.run_dir / "checkpoints").rmdir()
+                self.run_dir.rmdir()
+                for parent in self.parents:
+                    parent.rmdir()  # OSError (not empty: someone wrote there meanwhile) stops here
 
 
 def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES,
@@ -180,35 +180,9 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str]
 
 def _open_lock(run_dir: Path) -> IO[str]:
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        fd = os.open(run_dir / ".lock", flags, 0o666)  # never through a link, never waiting on a FIFO
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise RunFolderError(f"--output-dir {run_dir}: its .lock is not a regular file; choose another folder")
-        handle = os.fdopen(fd, "a+", encoding="utf-8")  # held until exit
-    except FileExistsError:
-        raise RunFolderError(f"--output-dir {run_dir}: a file (or a file above it) is in the way; expected a folder") from None
-    except NotADirectoryError:
-        raise RunFolderError(f"--output-dir {run_dir}: a path component is a file; expected a folder") from None
-    except PermissionError:
-        raise RunFolderError(f"--output-dir {run_dir}: not writable (permission denied)") from None
-    except OSError as exc:
-        raise RunFolderError(f"--output-dir {run_dir}: cannot create the run folder ({exc.strerror or exc})") from None
-    if fcntl is None:
-        return handle
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        owner = handle.read(32).strip() or "?"
-        handle.close()
-        raise RunFolderError(f"--output-dir {run_dir} is being written by another sciformer process (pid {owner}); wait for it or choose another folder") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
+        return open_folder_lock(run_dir, ".lock")
+    except FolderLockError as exc:
+        raise RunFolderError(str(exc)) from None
 
 
 def clean_temporaries(run_dir: Path) -> list[Path]:

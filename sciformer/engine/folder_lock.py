@@ -1,0 +1,108 @@
+"""One writer per output folder: an exclusive ``flock`` on a lock file inside it.
+
+:func:`open_folder_lock` creates the folder (and the folders above it) and locks
+``<folder>/<name>`` for this process; the kernel drops the lock when the process ends, even
+on SIGKILL. A second process is refused with one line naming the holder's pid.
+
+A holder may remove its lock file when it is done (:func:`drop_folder_lock`: unlinked while
+still locked, then closed). Another process may have opened that file just before: its
+``flock`` then succeeds on a file no longer in the folder, while a third process creates and
+locks a new one. So a lock counts only if the path still names the locked file (same device
+and inode) once it is held; otherwise the file is closed and opened again.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import IO
+
+from sciformer.errors import SciformerError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the folder checks still apply
+    fcntl = None  # type: ignore[assignment]
+
+ATTEMPTS = 16  # opens of a lock file that others unlink meanwhile, before giving up
+
+
+class FolderLockError(SciformerError):
+    """The output folder cannot be created, or another process is writing it."""
+
+
+def open_folder_lock(folder: Path, name: str = ".lock", *, flag: str = "--output-dir") -> IO[str]:
+    """Create ``folder`` and lock ``folder/name`` for this process; returns the open lock file
+    (it holds this process's pid). Never through a symlink, never waiting on a FIFO; a lock
+    file that is not a regular file, a path through a file, no permission, or a lock held by
+    another process is a one-line :class:`FolderLockError` (``flag`` names the option)."""
+    for _ in range(ATTEMPTS):
+        handle = _open(folder, name, flag)
+        if handle is None:
+            continue  # the folder was removed between creating it and opening the file: again
+        if fcntl is None:
+            return handle
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read(32).strip() or "?"
+            handle.close()
+            raise FolderLockError(f"{flag} {folder} is being written by another sciformer process (pid {owner}); "
+                                  "wait for it or choose another folder") from None
+        if _names(folder / name, handle):
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            return handle
+        handle.close()  # its holder removed it after we opened it: that lock is over, take the new one
+    raise FolderLockError(f"{flag} {folder}: its lock file {name} keeps being replaced by other processes; try again")
+
+
+def drop_folder_lock(folder: Path, name: str, handle: IO[str]) -> None:
+    """Remove the lock file if it is still this lock's (while locked), then unlock."""
+    try:
+        if _names(folder / name, handle):
+            os.unlink(folder / name)
+    except OSError:
+        pass
+    finally:
+        handle.close()
+
+
+def _names(path: Path, handle: IO[str]) -> bool:
+    """Whether ``path`` names the file open as ``handle`` (same device and inode)."""
+    try:
+        on_disk = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(handle.fileno())
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
+    """The lock file opened (created if absent); None where the folder went meanwhile."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(folder / name, flags, 0o666)  # never through a link, never waiting on a FIFO
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FolderLockError(f"{flag} {folder}: its {name} is not a regular file; choose another folder")
+        return os.fdopen(fd, "a+", encoding="utf-8")
+    except FileExistsError:
+        raise FolderLockError(f"{flag} {folder}: a file (or a file above it) is in the way; expected a folder") from None
+    except NotADirectoryError:
+        raise FolderLockError(f"{flag} {folder}: a path component is a file; expected a folder") from None
+    except PermissionError:
+        raise FolderLockError(f"{flag} {folder}: not writable (permission denied)") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FolderLockError(f"{flag} {folder}: its {name} is a symbolic link; choose another folder") from None
+        raise FolderLockError(f"{flag} {folder}: cannot create the folder ({exc.strerror or exc})") from None
