@@ -32,8 +32,9 @@ _pool_size = 0
 _pool_pid = -1
 
 
-def _start_pool(size: int) -> ThreadPoolExecutor:
-    """A pool of ``size`` threads, each with one intra-op thread."""
+def _start_pool(size: int) -> ThreadPoolExecutor | None:
+    """A pool of ``size`` threads, each with one intra-op thread; None where the threads
+    cannot be started (a process or memory limit), so that the caller works alone."""
     global _pool, _pool_size, _pool_pid
     with _lock:
         if _pool is not None and _pool_size == size and _pool_pid == os.getpid():
@@ -48,7 +49,13 @@ def _start_pool(size: int) -> ThreadPoolExecutor:
             started.wait()
 
         pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="sciformer-chunks")
-        futures = [pool.submit(init) for _ in range(size)]  # one per thread: all block
+        try:
+            futures = [pool.submit(init) for _ in range(size)]  # one per thread: all block
+        except RuntimeError:  # "can't start new thread": release those that did start
+            started.abort()
+            pool.shutdown(wait=True)
+            torch.set_num_threads(previous)
+            return None
         started.wait()
         for f in futures:
             f.result()
@@ -71,13 +78,14 @@ def run_chunks(
 ) -> list[R]:
     """Run ``job(ranges_of_worker)`` per worker without autograd; results in worker order.
 
-    With one worker (GPU, one thread, one chunk) the job runs in the calling thread.
+    With one worker (GPU, one thread, one chunk), or where no worker thread can be started,
+    the job runs in the calling thread.
     """
     workers = num_workers(device, len(ranges))
-    if workers == 1:
+    pool = _start_pool(workers) if workers > 1 else None
+    if pool is None:
         with torch.no_grad():
             return [job(ranges)]
-    pool = _start_pool(workers)
 
     def run(part: list[tuple[int, int]]) -> R:
         with torch.no_grad():  # grad mode is per thread

@@ -26,6 +26,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -58,7 +59,13 @@ void parallel_for(int64_t n, int64_t threads, int64_t chunk, F fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  for (int64_t t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a process or memory limit): the started ones and this one share the work
+    }
+  }
   work();
   for (auto& th : pool) th.join();
   if (failed) std::rethrow_exception(failed);

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from geometry_oracles import clouds, knn_oracle
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sciformer.errors import DataError
@@ -195,7 +195,9 @@ def test_brute_force_passing_over_far_runs_misses_no_neighbour(seed, offset, k, 
     pts = np.concatenate([lattice, stray]) + offset
     pts = pts[rng.permutation(len(pts))]
     _, _, unsettled = grid_knn.grid_knn(pts.astype(np.float32), pts.astype(np.float32), [len(pts)], [len(pts)], k, 1)
-    assert not unsettled.any()
+    if unsettled.any():  # strays among the grid fit's 16 sampled points spread its k-th distances over 25x:
+        assert unsettled.all()  # the whole cloud goes to the KD-tree, no brute force to test here
+        assume(False)
     check_against_oracle(pts, pts, k, np.array([len(pts)]), np.array([len(pts)]), same=True)
 
 
@@ -351,3 +353,36 @@ def test_one_tensor_as_query_and_support_with_different_clouds(backend):
     q_off, s_off = torch.tensor([3900, 4000]), torch.tensor([100, 4000])
     res = knn(x, x, 4, q_off, s_off, backend=backend)
     assert bool((res.index[:3900] < 100).all()) and bool((res.index[3900:] >= 100).all())
+
+
+_NO_THREADS = r"""
+import resource, sys
+import numpy as np
+from sciformer.geometry import grid_knn
+rng = np.random.default_rng(0)
+pts = rng.random((60_000, 3)).astype(np.float32)
+sizes = [60_000]
+before = grid_knn.grid_knn(pts, pts, sizes, sizes, 8, 1)
+status = open("/proc/self/status").read()
+vm = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+after = grid_knn.grid_knn(pts, pts, sizes, sizes, 8, 4)  # no 1 GiB thread stack fits in what is left
+assert all(np.array_equal(a, b) for a, b in zip(before, after))
+print("same")
+"""
+
+
+@needs_kernel
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX resource limits")
+def test_threads_that_cannot_be_started_leave_the_work_to_those_that_were() -> None:
+    """Where no thread can be created (here: each would need a 1 GiB stack beyond the address-space
+    limit), the search runs on the calling thread with the same answer instead of aborting the process."""
+    import resource
+    import subprocess
+    import sys
+
+    def big_stacks() -> None:  # glibc sizes new threads' stacks from this limit, read at start-up
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+    proc = subprocess.run([sys.executable, "-c", _NO_THREADS], capture_output=True, text=True, preexec_fn=big_stacks, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "same", (proc.returncode, proc.stderr[-2000:])

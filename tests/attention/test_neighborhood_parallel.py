@@ -1,0 +1,58 @@
+"""Chunk workers of the point attention (``sciformer.attention._neighborhood_parallel``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_NO_THREADS = r"""
+import resource
+import torch
+from sciformer.attention import PointTransformerLayer
+from sciformer.attention import _neighborhood_parallel as par
+from sciformer.geometry import knn
+torch.manual_seed(0)
+torch.set_num_threads(2)
+x, pos = torch.randn(3000, 32), torch.rand(3000, 3)
+idx = knn(pos, pos, 16).index
+layer = PointTransformerLayer(32, 32, share_planes=4, chunk_size=128).train()
+
+def step(threads):
+    torch.set_num_threads(threads)
+    xg = x.clone().requires_grad_()
+    layer.zero_grad()
+    y = layer(xg, pos, idx)
+    y.square().sum().backward()
+    return [y.detach(), xg.grad, *(p.grad.clone() for p in layer.parameters())]
+
+torch.mm(torch.randn(512, 512), torch.randn(512, 512))  # torch's own threads exist from here on
+workers = par.num_workers
+par.num_workers = lambda device, chunks: 1
+alone = step(2)  # the oracle: one chunk worker, the calling thread
+par.num_workers = workers
+status = open("/proc/self/status").read()
+vm = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+limited = step(2)  # no 1 GiB thread stack fits in what is left: the chunk workers cannot start
+assert par._pool is None and par.num_workers(x.device, 24) == 2
+assert all(torch.equal(a, b) for a, b in zip(alone, limited))
+print("same")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX resource limits")
+def test_workers_that_cannot_be_started_leave_the_chunks_to_the_calling_thread() -> None:
+    """Where no worker thread can be created, forward and backward run in the calling thread
+    and give exactly the one-worker result, instead of waiting forever for the workers."""
+    import resource
+
+    def big_stacks() -> None:  # new threads' stacks are sized from this limit, read at start-up
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", _NO_THREADS], capture_output=True, text=True, preexec_fn=big_stacks,
+                          timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "same", (proc.returncode, proc.stderr[-2000:])
