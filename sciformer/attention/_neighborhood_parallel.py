@@ -41,6 +41,7 @@ def _start_pool(size: int) -> ThreadPoolExecutor | None:
             return _pool
         if _pool is not None and _pool_pid == os.getpid():
             _pool.shutdown(wait=False)
+        _pool, _pool_size = None, 0  # never handed out again, whether the new pool starts or not
         previous = torch.get_num_threads()
         started = threading.Barrier(size + 1)
 

@@ -92,9 +92,10 @@ def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
             fd = os.open(folder / name, flags, 0o666)  # never through a link, never waiting on a FIFO
         except FileNotFoundError:
             return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a hard link: another name of someone's file
             os.close(fd)
-            raise FolderLockError(f"{flag} {folder}: its {name} is not a regular file; choose another folder")
+            raise FolderLockError(f"{flag} {folder}: its {name} is not a regular file of its own; choose another folder")
         return os.fdopen(fd, "a+", encoding="utf-8")
     except FileExistsError:
         raise FolderLockError(f"{flag} {folder}: a file (or a file above it) is in the way; expected a folder") from None

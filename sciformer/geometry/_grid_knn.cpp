@@ -62,7 +62,7 @@ void parallel_for(int64_t n, int64_t threads, int64_t chunk, F fn) {
   for (int64_t t = 1; t < threads; ++t) {
     try {
       pool.emplace_back(work);
-    } catch (const std::system_error&) {
+    } catch (...) {  // std::system_error, std::bad_alloc
       break;  // no thread to be had (a process or memory limit): the started ones and this one share the work
     }
   }

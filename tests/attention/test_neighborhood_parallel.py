@@ -56,3 +56,31 @@ def test_workers_that_cannot_be_started_leave_the_chunks_to_the_calling_thread()
     proc = subprocess.run([sys.executable, "-c", _NO_THREADS], capture_output=True, text=True, preexec_fn=big_stacks,
                           timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "same", (proc.returncode, proc.stderr[-2000:])
+
+
+def test_a_pool_that_failed_to_grow_is_never_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old pool is shut down before a pool of another size starts; where that start fails,
+    a later call of the old size must start afresh, not get the shut-down pool back."""
+    import threading
+
+    import torch
+
+    from sciformer.attention import _neighborhood_parallel as par
+
+    def job(part: list[tuple[int, int]]) -> int:
+        return sum(e - s for s, e in part)
+
+    ranges = [(i, i + 1) for i in range(8)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert sum(par.run_chunks(job, ranges, torch.device("cpu"))) == 8  # a pool of 2
+        torch.set_num_threads(3)
+        real_start = threading.Thread.start
+        monkeypatch.setattr(threading.Thread, "start", lambda self: (_ for _ in ()).throw(RuntimeError("can't start new thread")))
+        assert par.run_chunks(job, ranges, torch.device("cpu")) == [8]  # no pool of 3: the calling thread
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        torch.set_num_threads(2)
+        assert sum(par.run_chunks(job, ranges, torch.device("cpu"))) == 8  # a fresh pool of 2
+    finally:
+        torch.set_num_threads(before)

@@ -84,13 +84,16 @@ def test_a_folder_removed_between_creating_it_and_opening_the_lock_is_created_ag
     handle.close()
 
 
-@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder", "file-above"])
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "folder", "file-above"])
 def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: str) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
     if kind == "symlink":
         (tmp_path / "target").write_text("user data\n")
         (folder / ".lock").symlink_to(tmp_path / "target")
+    elif kind == "hardlink":  # another name of a user's file: never truncated for a pid
+        (tmp_path / "target").write_text("user data\n")
+        os.link(tmp_path / "target", folder / ".lock")
     elif kind == "fifo":
         os.mkfifo(folder / ".lock")  # never waited on
     elif kind == "folder":
@@ -102,7 +105,7 @@ def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: 
     with pytest.raises(FolderLockError) as info:
         open_folder_lock(folder, ".lock")
     assert "\n" not in str(info.value) and str(folder) in str(info.value)
-    if kind == "symlink":
+    if kind in ("symlink", "hardlink"):
         assert (tmp_path / "target").read_text() == "user data\n"
 
 
