@@ -17,7 +17,7 @@ from sciformer.config import Experiment
 from sciformer.contracts import PredictOptions, TaskData
 from sciformer.engine.batching import make_loader
 from sciformer.engine.distributed import DistContext
-from sciformer.engine.folder_lock import drop_folder_lock, open_folder_lock
+from sciformer.engine.folder_lock import drop_folder_lock, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
@@ -129,17 +129,14 @@ def locked_evaluation_dir(out_dir: Path, overwrite: bool) -> Iterator[None]:
     meanwhile is refused with one line), then checked again (:func:`check_evaluation_dir`:
     another one may have finished there since the first check). On leaving, the lock file goes,
     and so do the folders this created where nothing was written into them (a failure)."""
-    absolute = Path(os.path.abspath(out_dir))
-    created = tuple(p for p in (absolute, *absolute.parents) if not p.exists())  # innermost first
+    created = missing_folders(out_dir)
     handle = open_folder_lock(out_dir, EVALUATION_LOCK)
     try:
         check_evaluation_dir(out_dir, overwrite)
         yield
     finally:
         drop_folder_lock(out_dir, EVALUATION_LOCK, handle)
-        with contextlib.suppress(OSError):
-            for folder in created:
-                folder.rmdir()  # not empty (an evaluation's files, someone else's): stops here
+        remove_empty_folders(created)  # stops at the first with files (an evaluation's, someone else's)
 
 
 def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_dir: Path | None, *,

@@ -73,6 +73,22 @@ def drop_folder_lock(folder: Path, name: str, handle: IO[str]) -> None:
         handle.close()
 
 
+def missing_folders(folder: Path) -> tuple[Path, ...]:
+    """``folder`` and the folders above it that do not exist yet, innermost first."""
+    absolute = Path(os.path.abspath(folder))
+    return tuple(p for p in (absolute, *absolute.parents) if not p.exists())
+
+
+def remove_empty_folders(folders: tuple[Path, ...]) -> None:
+    """Remove ``folders`` innermost first, stopping at the first that is not empty (someone
+    wrote there) or cannot be removed."""
+    try:
+        for folder in folders:
+            folder.rmdir()
+    except OSError:
+        pass
+
+
 def _names(path: Path, handle: IO[str]) -> bool:
     """Whether ``path`` names the file open as ``handle`` (same device and inode)."""
     try:
@@ -104,6 +120,6 @@ def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
     except PermissionError:
         raise FolderLockError(f"{flag} {folder}: not writable (permission denied)") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP and os.path.islink(folder / name):
             raise FolderLockError(f"{flag} {folder}: its {name} is a symbolic link; choose another folder") from None
         raise FolderLockError(f"{flag} {folder}: cannot create the folder ({exc.strerror or exc})") from None

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
-from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, open_folder_lock
+from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import temporary_of
 
@@ -143,11 +143,8 @@ class RunLock:
         drop_folder_lock(self.run_dir, ".lock", self.handle)
         if self.created:
             with contextlib.suppress(OSError):
-                with contextlib.suppress(FileNotFoundError):
-                    (self.run_dir / "checkpoints").rmdir()
-                self.run_dir.rmdir()
-                for parent in self.parents:
-                    parent.rmdir()  # OSError (not empty: someone wrote there meanwhile) stops here
+                (self.run_dir / "checkpoints").rmdir()
+            remove_empty_folders((self.run_dir, *self.parents))  # stops where someone wrote meanwhile
 
 
 def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES,
@@ -162,7 +159,7 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str]
         check_new_run_dir(run_dir, leftovers=leftovers, resume_hint=resume_hint)
     created = not run_dir.exists()
     lock_created = not (run_dir / ".lock").exists()
-    parents = tuple(p for p in Path(os.path.abspath(run_dir)).parents if not p.exists())  # innermost first
+    parents = missing_folders(run_dir)[1:]  # the folders above run_dir to create, innermost first
     handle = _open_lock(run_dir)
     if fresh:
         try:
