@@ -293,3 +293,26 @@ def test_odd_class_names_in_png_legend_and_envi_lists(tmp_path: Path) -> None:
     assert main([*run, "-o", str(tmp_path / "m.hdr"), "--probabilities"]) == 0
     assert envi.read_envi_header(str(tmp_path / "m.hdr"))["class names"] == ["Unclassified", "$\\notacommand$", "a)b(c", "x-y"]
     assert envi.open(str(tmp_path / "m_probabilities.hdr")).metadata["band names"] == ["$\\notacommand$", "a)b(c", "x-y"]
+
+
+def test_geotiff_paths_of_undecodable_bytes_in_and_out(scene: dict[str, Path], tmp_path: Path) -> None:
+    """GDAL takes UTF-8 names only: a GeoTIFF cube read from, and a map written to, a path of bytes
+    that are not UTF-8 give what the same files under plain names give (georeference included)."""
+    import os
+
+    from rasterio.transform import Affine
+
+    cube = scipy.io.loadmat(scene["cube"])["cube"]  # (H, W, B)
+    plain = tmp_path / "cube.tif"
+    with rasterio.open(plain, "w", driver="GTiff", height=20, width=24, count=9, dtype="float32",
+                       crs="EPSG:32633", transform=Affine(10.0, 0.0, 400000.0, 0.0, -10.0, 5000000.0)) as dst:
+        dst.write(np.moveaxis(cube, -1, 0))
+    odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/cube\xff.tif"))
+    odd.write_bytes(plain.read_bytes())
+    out_odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/map\xfe.tif"))
+    assert predict(scene, odd, out_odd) == 0
+    assert predict(scene, plain, tmp_path / "map.tif") == 0
+    with rasterio.open(tmp_path / "map.tif") as ref, open(out_odd, "rb") as handle, rasterio.open(handle) as got:
+        np.testing.assert_array_equal(got.read(), ref.read())
+        assert got.crs == ref.crs and got.transform == ref.transform
+    assert sorted(os.listdir(os.fsencode(tmp_path))) == [b"cube.tif", b"cube\xff.tif", b"map.tif", b"map\xfe.tif"]  # no temporary left

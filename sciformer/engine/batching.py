@@ -8,6 +8,10 @@ the union over ranks is the batch a single process would see.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import resource
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -81,4 +85,40 @@ def make_loader(task: TaskData, split: str, batch_size: int, *, train: bool, see
     sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, epoch=epoch, start=start, drop_singleton=train,
                                 max_batches=max_batches, rank=dist.rank, world_size=dist.world_size)
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False)
+    if workers > 0:
+        make_room_for_workers(workers)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=task.collate, num_workers=workers, generator=generator, persistent_workers=False,
+                      worker_init_fn=stop_on_lost_batch if workers > 0 else None)
+
+
+def descriptors_for(workers: int) -> int:
+    """Open files a loader with ``workers`` processes may hold: torch hands each tensor of a batch
+    over as a file descriptor, two batches per worker in flight (a batch of up to 32 tensors)."""
+    return 128 + 2 * 32 * workers
+
+
+def make_room_for_workers(workers: int) -> None:
+    """Raise the open-file limit towards its hard limit when it is below :func:`descriptors_for`
+    (the soft limit of many systems is 1024, the hard one far higher)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = descriptors_for(workers)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(hard, max(need, 4096))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < need:  # still too few: hand tensors over by file name
+            torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+def stop_on_lost_batch(_: int) -> None:
+    """In a loading worker: a batch that cannot be handed over (out of file descriptors while the
+    queue's feeder thread passes its tensors) ends the worker, and the loader reports the worker
+    gone, where Python would drop the batch and leave the loader waiting for it forever."""
+    import multiprocessing.queues
+
+    def lost(exc: BaseException, obj: object) -> None:
+        sys.stderr.write(f"sciformer: a data-loading worker could not hand over a batch ({exc}) and stops\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    multiprocessing.queues.Queue._on_queue_feeder_error = staticmethod(lost)  # type: ignore[method-assign]

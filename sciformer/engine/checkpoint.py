@@ -40,9 +40,51 @@ VERSION = 1
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` (plus format tags) atomically to ``path``."""
+    """Write ``payload`` (plus format tags) atomically to ``path``.
+
+    A failed write (full disk, file-size limit) raises the OSError that stopped it: torch's
+    own writer reports it as a RuntimeError without the cause, so bytes pass through a
+    Python file whose error is kept.
+    """
     data = {"format": FORMAT, "version": VERSION, **payload}
-    atomic_write_with(path, lambda tmp: torch.save(data, tmp))
+    try:
+        atomic_write_with(path, lambda tmp: _save_reporting_errors(data, tmp))
+    except OSError as exc:
+        if exc.filename is None:  # a write's error: name the checkpoint, not its temporary
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
+
+
+class _ErrorKeepingWriter:
+    """A file for ``torch.save`` that writes every byte it is given and keeps the OSError of a failed write."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):  # a raw write may take only part
+                done += self.handle.write(view[done:])
+        except OSError as exc:
+            self.error = exc
+            raise
+        return done
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _save_reporting_errors(data: dict[str, Any], path: Path) -> None:
+    with open(path, "wb", buffering=0) as handle:
+        writer = _ErrorKeepingWriter(handle)
+        try:
+            torch.save(data, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "ema", "partial", "step_in_epoch")  # what only --resume reads (last.pt)

@@ -21,8 +21,9 @@ from sciformer.engine.folder_lock import drop_folder_lock, missing_folders, open
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
-from sciformer.engine.report import EVALUATION_FILES, write_evaluation
+from sciformer.engine.report import EVALUATION_FILES, write_evaluation_set
 from sciformer.engine.runfolder import OWN_FOLDERS
+from sciformer.engine.signals import undone_on_abrupt_exit
 from sciformer.errors import SciformerError
 from sciformer.utils.progress import progress
 
@@ -73,12 +74,12 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
         facts = {"protocol": task.describe(), "votes": votes, "eval_time_s": round(time.perf_counter() - start, 3), "world_size": dist.world_size, **(extra or {})}
         if not views.single_pass:  # they shape the full-resolution scores
             facts["test_views"] = {"tta_rotations": views.rotations, "tta_flip": views.flip, "overlap": views.overlap}
-        facts.update(task.export_predictions(predict_fn(model, device, cfg.train.amp), out_dir / "predictions", cfg.evaluation.batch_size, cfg.export, split=split,
-                                             score=label_scorer(task.info.class_names, task.ignore_index), views=views) or {})
-        payload = write_evaluation(out_dir, split, scores, task.info.class_names, facts)
+        payload = write_evaluation_set(out_dir, split, scores, task.info.class_names, facts, lambda stage: task.export_predictions(
+            predict_fn(model, device, cfg.train.amp), stage, cfg.evaluation.batch_size, cfg.export, split=split,
+            score=label_scorer(task.info.class_names, task.ignore_index), views=views))
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
-        if "full_resolution" in facts:  # whole scenes: the table scores the evaluation items; this, every point
-            log(every_point_line(facts["full_resolution"], facts.get("test_views")))
+        if "full_resolution" in payload:  # whole scenes: the table scores the evaluation items; this, every point
+            log(every_point_line(payload["full_resolution"], payload.get("test_views")))
     dist.barrier()
     return payload
 
@@ -130,13 +131,18 @@ def locked_evaluation_dir(out_dir: Path, overwrite: bool) -> Iterator[None]:
     another one may have finished there since the first check). On leaving, the lock file goes,
     and so do the folders this created where nothing was written into them (a failure)."""
     created = missing_folders(out_dir)
-    handle = open_folder_lock(out_dir, EVALUATION_LOCK)
-    try:
-        check_evaluation_dir(out_dir, overwrite)
-        yield
-    finally:
+    handle = open_folder_lock(out_dir, EVALUATION_LOCK, flag="evaluation folder")
+
+    def release() -> None:
         drop_folder_lock(out_dir, EVALUATION_LOCK, handle)
         remove_empty_folders(created)  # stops at the first with files (an evaluation's, someone else's)
+
+    try:
+        with undone_on_abrupt_exit(release):
+            check_evaluation_dir(out_dir, overwrite)
+            yield
+    finally:
+        release()
 
 
 def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_dir: Path | None, *,

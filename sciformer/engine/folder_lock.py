@@ -33,11 +33,12 @@ class FolderLockError(SciformerError):
     """The output folder cannot be created, or another process is writing it."""
 
 
-def open_folder_lock(folder: Path, name: str = ".lock", *, flag: str = "--output-dir") -> IO[str]:
+def open_folder_lock(folder: Path, name: str = ".lock", *, flag: str = "output folder") -> IO[str]:
     """Create ``folder`` and lock ``folder/name`` for this process; returns the open lock file
     (it holds this process's pid). Never through a symlink, never waiting on a FIFO; a lock
-    file that is not a regular file, a path through a file, no permission, or a lock held by
-    another process is a one-line :class:`FolderLockError` (``flag`` names the option)."""
+    file that is not a regular file or holds something else than a pid (a user's file of that
+    name), a path through a file, no permission, or a lock held by another process is a
+    one-line :class:`FolderLockError` (``flag`` names the folder's role or option)."""
     for _ in range(ATTEMPTS):
         handle = _open(folder, name, flag)
         if handle is None:
@@ -89,6 +90,15 @@ def remove_empty_folders(folders: tuple[Path, ...]) -> None:
         pass
 
 
+PID_BYTES = 32  # a lock file holds a process id and a newline
+
+
+def holds_pid_only(fd: int) -> bool:
+    """Whether the open file is empty (a lock being created) or holds only a process id."""
+    data = os.pread(fd, PID_BYTES + 1, 0)
+    return len(data) <= PID_BYTES and (not data.strip() or data.strip().isdigit())
+
+
 def _names(path: Path, handle: IO[str]) -> bool:
     """Whether ``path`` names the file open as ``handle`` (same device and inode)."""
     try:
@@ -109,9 +119,10 @@ def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
         except FileNotFoundError:
             return None
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a hard link: another name of someone's file
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not holds_pid_only(fd):  # a hard link: another name of someone's file
             os.close(fd)
-            raise FolderLockError(f"{flag} {folder}: its {name} is not a regular file of its own; choose another folder")
+            raise FolderLockError(f"{flag} {folder}: its {name} is not a lock file of sciformer's (a file of its own holding a pid); "
+                                  "choose another folder")
         return os.fdopen(fd, "a+", encoding="utf-8")
     except FileExistsError:
         raise FolderLockError(f"{flag} {folder}: a file (or a file above it) is in the way; expected a folder") from None
@@ -119,6 +130,8 @@ def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
         raise FolderLockError(f"{flag} {folder}: a path component is a file; expected a folder") from None
     except PermissionError:
         raise FolderLockError(f"{flag} {folder}: not writable (permission denied)") from None
+    except IsADirectoryError:
+        raise FolderLockError(f"{flag} {folder}: its {name} is a folder, not a lock file; choose another folder") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(folder / name):
             raise FolderLockError(f"{flag} {folder}: its {name} is a symbolic link; choose another folder") from None

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sciformer.engine.metrics import MIOU_RULE, Scores, finite_or_none, scores_to_dict
-from sciformer.utils.atomic import atomic_write_text
+from sciformer.engine.signals import undone_on_abrupt_exit
+from sciformer.utils.atomic import atomic_folder, atomic_write_text, stale_stages
 
 EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "predictions")  # what an evaluation writes (+ exports)
 
@@ -36,6 +41,49 @@ def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: lis
     atomic_write_text(out_dir / "confusion_matrix.csv", buf.getvalue())
     atomic_write_text(out_dir / "metrics.json", json.dumps(payload, indent=2, default=_json_default) + "\n")
     return payload
+
+
+def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any],
+                         export: Callable[[Path], dict[str, Any] | None]) -> dict[str, Any]:
+    """A whole evaluation into ``out_dir``: ``export`` writes the predictions into a hidden stage
+    folder (its facts join ``extra``), which becomes ``predictions/``; then the tables and,
+    last, ``metrics.json`` (:func:`write_evaluation`). Returns metrics.json's content.
+
+    Until the stage is complete, the folder's earlier evaluation stays whole; a failure or
+    signal removes only the stage. Then ``metrics.json`` goes first, so new predictions never
+    sit beside an old ``metrics.json``; a failure from there on removes the new, incomplete set.
+    The caller holds the folder (a run's lock, or ``locked_evaluation_dir``), so stages an
+    interrupted process left are removed first.
+    """
+    for stale in stale_stages(out_dir):
+        shutil.rmtree(stale, ignore_errors=True)
+    predictions = out_dir / "predictions"
+    replacing = False
+    try:
+        with atomic_folder(predictions, replace=True) as stage, undone_on_abrupt_exit(lambda: shutil.rmtree(stage, ignore_errors=True)):
+            facts = {**extra, **(export(stage) or {})}
+            replacing = True
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / "metrics.json").unlink()  # from here until it is written the folder holds no finished evaluation
+        with undone_on_abrupt_exit(lambda: _remove_set(out_dir)):
+            with contextlib.suppress(OSError):
+                predictions.rmdir()  # nothing exported (the task writes no files): no empty folder
+            return write_evaluation(out_dir, split, scores, class_names, facts)
+    except BaseException:
+        if replacing:
+            _remove_set(out_dir)
+        raise
+
+
+def _remove_set(out_dir: Path) -> None:
+    """Remove an evaluation's files (metrics.json first); a link is removed, never followed."""
+    for name in EVALUATION_FILES:
+        path = out_dir / name
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                path.unlink()
 
 
 def _fmt(x: float) -> str:

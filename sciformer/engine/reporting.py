@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ import numpy as np
 
 from sciformer.errors import SciformerError
 from sciformer.utils.atomic import atomic_write_with
+from sciformer.utils.text import drawable
 
 # ------------------------------------------------------------------------- train.log
 
@@ -216,6 +216,7 @@ def plot_confusion(names: list[str], matrix: np.ndarray, path: Path, title: str 
     from matplotlib.figure import Figure
 
     k = len(names)
+    names = [drawable(n) for n in names]  # class names from a CSV: drawn as written
     support = matrix.sum(axis=1, keepdims=True)  # (K, 1)
     norm = np.divide(matrix, support, out=np.zeros_like(matrix), where=support > 0)  # (K, K)
     side = min(4.0 + 0.45 * k, 24.0)
@@ -247,7 +248,7 @@ def write_report(run_dir: str | Path, *, quiet: bool = False) -> list[Path]:
     try:
         if not run_dir.is_dir():
             raise SciformerError(f"report: '{run_dir}' is not a run folder")
-        label = os.fsencode(run_dir.name).decode("utf-8", "replace")  # a title any font can draw (undecodable bytes too)
+        label = drawable(run_dir.name)  # a title any font can draw (undecodable bytes too)
         metrics, confusion = run_dir / "metrics.csv", run_dir / "confusion_matrix.csv"
         if not metrics.is_file() and not confusion.is_file():
             raise SciformerError(f"report: '{run_dir}' holds neither metrics.csv nor confusion_matrix.csv; is it a run folder?")

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
-from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, missing_folders, open_folder_lock, remove_empty_folders
+from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, holds_pid_only, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import temporary_of
 
@@ -67,10 +67,14 @@ def is_temporary(path: Path) -> bool:
 
 def _our_lock(path: Path) -> bool:
     """``.lock`` as sciformer writes it: a small regular file holding a process id."""
-    if not _regular(path) or path.stat().st_size > 32:
+    if not _regular(path):
         return False
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        return path.read_text(encoding="ascii").strip().isdigit()
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        try:
+            return os.fstat(fd).st_size > 0 and holds_pid_only(fd)
+        finally:
+            os.close(fd)
     return False
 
 
@@ -276,3 +280,20 @@ def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: st
     a_opt, b_opt = stored.get("optimizer", {}).get("name"), asked.get("optimizer", {}).get("name")
     if a_opt != b_opt:
         raise CheckpointError(f"--resume cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")
+
+
+TEST_RESULT_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png")  # the finished mark first
+
+
+def retire_test_result(run_dir: Path, log: Any = print) -> None:
+    """Remove a run's test result before its best.pt is replaced (a resumed run that trains on):
+    it describes the old best.pt, so a run that fails from then on never shows it beside the new one."""
+    removed = []
+    for name in TEST_RESULT_FILES:
+        path = run_dir / name
+        if _regular(path):
+            path.unlink()
+            removed.append(name)
+    if "metrics.json" in removed:
+        log(f"best.pt changes: the earlier test result ({', '.join(removed)}) no longer describes it and was removed; "
+            "the final evaluation writes it anew")

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sciformer.errors import SciformerError
@@ -42,13 +44,32 @@ def _in_import(frame: Any) -> bool:
     return False
 
 
+_CLEANUPS: list[Callable[[], None]] = []  # what an exit without unwinding must still undo, innermost last
+
+
+@contextlib.contextmanager
+def undone_on_abrupt_exit(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Run ``cleanup`` too if a signal ends the process at once (inside an import) while the
+    block runs: there the block's own ``finally`` never runs."""
+    _CLEANUPS.append(cleanup)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            _CLEANUPS.remove(cleanup)
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     if _PROCESS and _in_import(frame):
         # Raised here, the exception can cross a C++ extension's initialisation (pybind11
         # calling back into Python while ``import torch.distributed`` runs), which aborts the
-        # process (status -6). An import writes nothing of a run: end now, with the one line.
+        # process (status -6). End now, with the one line, after the registered cleanups
+        # (an evaluation's lock and unfinished folders).
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        for cleanup in reversed(_CLEANUPS):
+            with contextlib.suppress(BaseException):
+                cleanup()
         os.write(2, b"sciformer: interrupted\n")
         os._exit(130)
     raise KeyboardInterrupt

@@ -39,7 +39,7 @@ from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.reporting import metrics_csv_text
-from sciformer.engine.runfolder import check_resume_state, lock_run_dir
+from sciformer.engine.runfolder import check_resume_state, lock_run_dir, retire_test_result
 from sciformer.engine.runtime import (
     apply_threads,
     environment,
@@ -189,6 +189,8 @@ class Trainer:
     def _save(self, name: str, partial: tuple[float, int] = (0.0, 0)) -> None:
         """Write a checkpoint (rank 0); ``partial`` is the global loss sum/count of the epoch in progress."""
         if self.dist.is_main:
+            if name == "best.pt":
+                retire_test_result(self.run_dir, self.log)
             payload = self._payload(partial)  # best.pt: for evaluate / predict / --init-from (--resume takes last.pt)
             save_checkpoint(self.run_dir / "checkpoints" / name, without_training_state(payload) if name == "best.pt" else payload)
         self.dist.barrier()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -48,6 +49,11 @@ def temporary_of(name: str) -> str | None:
     return None if match is None else match["name"]
 
 
+def _utf8_name(name: str) -> str:
+    """``name`` with each byte that is not UTF-8 (a lone surrogate) as ``_``."""
+    return "".join("_" if "\ud800" <= ch <= "\udfff" else ch for ch in name)
+
+
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
     """A temporary sibling ``(fd, tmp)`` of ``path`` (``.<name>.<random>.tmp<suffix>``, the final
@@ -55,7 +61,8 @@ def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
     plain-open mode, is fsynced and renamed over ``path``; otherwise it is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # lower case: np.save / np.savez given "x.NPY" would append ".npy" and write elsewhere
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix.lower()}", dir=path.parent)
+    # a name of bytes that are not UTF-8 gets a UTF-8 temporary: writers such as GDAL take UTF-8 names only
+    fd, name = tempfile.mkstemp(prefix=f".{_utf8_name(path.name)}.", suffix=f".tmp{_utf8_name(path.suffix.lower())}", dir=path.parent)
     tmp = Path(name)
     try:
         yield fd, tmp
@@ -78,8 +85,9 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: object)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Atomically write ``text`` (UTF-8) to ``path``."""
-    with atomic_open(path, "w", encoding="utf-8") as handle:
+    """Atomically write ``text`` (UTF-8) to ``path``; a file name Python could not decode
+    (held as lone surrogates) is written back as its own bytes."""
+    with atomic_open(path, "w", encoding="utf-8", errors="surrogateescape") as handle:
         handle.write(text)
 
 
@@ -99,17 +107,23 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[Path], Non
         writer(tmp)
 
 
+STAGE_MARK = ".partial-"  # temporary folders of atomic_folder: ``.<name>.partial-<8 random>``
+
+
 @contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_folder(path: str | os.PathLike[str], *, replace: bool = False) -> Iterator[Path]:
     """A temporary sibling folder to fill; on success it becomes ``path`` by the same rules.
 
     Its files are fsynced, the folder gets the mode a plain ``mkdir`` leaves
-    (``0o777`` less the umask, not ``mkdtemp``'s 0700) and is renamed to ``path``
-    (which must not exist or be empty); on failure it is removed.
+    (``0o777`` less the umask, not ``mkdtemp``'s 0700) and is renamed to ``path``; on
+    failure it is removed. ``path`` must not exist or be empty, unless ``replace``: then
+    whatever ``path`` names (a folder of earlier outputs; a link is replaced, never followed)
+    is moved aside, the new folder renamed in, and the old one removed, so ``path`` holds
+    the whole old set until the new one is complete.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}{STAGE_MARK}", dir=path.parent))
     try:
         yield tmp
         for child in tmp.iterdir():
@@ -118,11 +132,42 @@ def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
                     os.fsync(handle.fileno())
         os.chmod(tmp, 0o777 & ~current_umask())
         _fsync_dir(tmp)
-        os.replace(tmp, path)
+        if replace and os.path.lexists(path):
+            _swap_in(tmp, path)
+        else:
+            os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    """Rename folder ``new`` to ``path``, which exists: the old entry is renamed aside first (and
+    put back if the rename fails), then removed (a link itself, never its target)."""
+    aside = path.parent / f".{path.name}.replaced-{secrets.token_hex(4)}"
+    os.rename(path, aside)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.rename(aside, path)
+        raise
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            aside.unlink()
+
+
+def stale_stages(folder: Path) -> list[Path]:
+    """Temporary folders of :func:`atomic_folder` that an interrupted process left in ``folder``
+    (real folders named ``.<name>.partial-<8 random>`` or ``.<name>.replaced-<8 random>``)."""
+    pattern = re.compile(r"\..+\.(partial|replaced)-[a-z0-9_]{8}")
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sciformer.cli import main
-from sciformer.engine import evaluation
+from sciformer.engine import evaluation, report
 from sciformer.engine.evaluation import EVALUATION_LOCK
 from sciformer.engine.folder_lock import drop_folder_lock, open_folder_lock
 
@@ -48,10 +48,10 @@ def test_an_evaluation_finished_there_while_waiting_for_the_lock_is_kept(run: Pa
     out = tmp_path / "eval"
     real = evaluation.open_folder_lock
 
-    def after_another(folder: Path, name: str):
+    def after_another(folder: Path, name: str, **kwargs):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "metrics.json").write_text('{"theirs": true}\n')  # finished between the first check and the lock
-        return real(folder, name)
+        return real(folder, name, **kwargs)
 
     monkeypatch.setattr(evaluation, "open_folder_lock", after_another)
     assert main(["evaluate", "--checkpoint", str(run), "-o", str(out)]) == 2
@@ -71,7 +71,7 @@ def test_a_failed_evaluation_leaves_no_lock_and_no_folder_it_created(run: Path, 
     def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(evaluation, "write_evaluation", fail)
+    monkeypatch.setattr(report, "write_evaluation", fail)
     with pytest.raises(OSError):
         evaluation.evaluate_checkpoints([run], [], out)
     if existing:  # the user's folder stays, with only what was there (the toy task exports no predictions)

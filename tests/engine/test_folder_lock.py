@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,7 @@ def test_a_folder_removed_between_creating_it_and_opening_the_lock_is_created_ag
     handle.close()
 
 
-@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "folder", "file-above"])
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "folder", "file-above", "user-file", "long-digits"])
 def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: str) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
@@ -98,6 +99,9 @@ def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: 
         os.mkfifo(folder / ".lock")  # never waited on
     elif kind == "folder":
         (folder / ".lock").mkdir()
+    elif kind in ("user-file", "long-digits"):  # a user's own file of that name: never truncated, never removed
+        (tmp_path / "target").write_text("user data\n" if kind == "user-file" else "7" * 40 + "\n")
+        shutil.copy(tmp_path / "target", folder / ".lock")
     else:
         folder.rmdir()
         folder.write_text("a file\n")
@@ -107,6 +111,23 @@ def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: 
     assert "\n" not in str(info.value) and str(folder) in str(info.value)
     if kind in ("symlink", "hardlink"):
         assert (tmp_path / "target").read_text() == "user data\n"
+    if kind in ("user-file", "long-digits"):
+        assert (folder / ".lock").read_bytes() == (tmp_path / "target").read_bytes()
+        assert "not a lock file of sciformer's" in str(info.value)
+    if kind == "folder":
+        assert "is a folder" in str(info.value)
+
+
+@pytest.mark.parametrize("content", ["", "12345\n", " 42 "])
+def test_an_empty_lock_or_one_holding_a_pid_is_taken(tmp_path: Path, content: str) -> None:
+    """What a lock being created, or one a killed holder left, holds: the lock is taken and names us."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / ".lock").write_text(content)
+    handle = open_folder_lock(folder, ".lock")
+    assert (folder / ".lock").read_text() == f"{os.getpid()}\n"
+    drop_folder_lock(folder, ".lock", handle)
+    assert not (folder / ".lock").exists()
 
 
 def _contend(folder: str, marker: str, rounds: int, failures) -> None:

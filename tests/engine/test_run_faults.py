@@ -184,3 +184,39 @@ def test_keyed_dropout_masks_follow_the_sample() -> None:
     # the mask keeps about 1 - p of the values, scaled by 1 / (1 - p)
     kept = full_noise.keep_mask((1000, 50), 0.5, torch.device("cpu")) if full_noise.begin(9, torch.arange(1000), 1000) is None else None
     assert kept is not None and abs(float(kept.mean()) - 0.5) < 0.01
+
+
+@pytest.mark.parametrize("fail_on", ["last.pt", "predictions"])
+def test_a_resumed_run_that_fails_never_shows_its_old_test_result_beside_a_new_best(
+        toy_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fail_on: str) -> None:
+    """A finished run trained on with --resume: once best.pt is replaced, the old metrics.json
+    (and its tables) describe a model that is gone. A failure after that point (the epoch's
+    last.pt, the final evaluation) leaves no metrics.json; one that names best.pt's epoch is fine."""
+    import json
+
+    import sciformer.engine.report as report
+    import sciformer.engine.trainer as trainer
+
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
+    assert json.loads((run / "metrics.json").read_text())["best_epoch"] == 1
+    monkeypatch.setattr(trainer, "improves", lambda *args: True)  # every validation gives a new best.pt
+    real_save = trainer.save_checkpoint
+
+    def save(path, payload):
+        if fail_on == "last.pt" and path.name == "last.pt" and payload["epoch"] == 2:
+            raise OSError(28, "No space left on device")
+        real_save(path, payload)
+
+    def write(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+    if fail_on == "predictions":
+        monkeypatch.setattr(report, "write_evaluation", write)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "train.epochs=3"]) == 2
+    best_epoch = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["epoch"]
+    assert best_epoch == (2 if fail_on == "last.pt" else 3)
+    assert not any((run / name).exists() for name in ("metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png"))
+    assert "earlier test result" in (run / "train.log").read_text()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,3 +237,20 @@ def test_a_run_folder_name_of_undecodable_bytes_trains_and_reports(toy_config: P
     assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
     assert (run / "curves.png").is_file() and (run / "confusion_matrix.png").is_file()
     assert b"run\xff" in (run / "train.log").read_bytes()
+
+
+def test_compare_prints_and_writes_an_undecodable_run_name_as_its_bytes(toy_config: Path, tmp_path: Path) -> None:
+    """Under a strict UTF-8 locale (PYTHONIOENCODING=utf-8:strict) the table and the CSV name the
+    run with its own bytes, as ``ls`` does, instead of raising UnicodeEncodeError."""
+    run = Path(os.fsdecode(os.fsencode(tmp_path) + b"/run\xff"))
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    command = [sys.executable, "-m", "sciformer", "compare", os.fsencode(run)]
+    table = subprocess.run(command, capture_output=True, timeout=120, env=env)
+    assert table.returncode == 0, table.stderr
+    assert b"run\xff" in table.stdout and not table.stderr
+    csv_path = tmp_path / "runs.csv"
+    written = subprocess.run([*command, "--csv", str(csv_path)], capture_output=True, timeout=120, env=env)
+    assert written.returncode == 0, written.stderr
+    rows = csv_path.read_bytes().splitlines()
+    assert len(rows) == 2 and rows[1].startswith(os.fsencode(run) + b",")

@@ -19,6 +19,7 @@ import numpy as np
 from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_with
+from sciformer.utils.text import drawable
 
 UNCLASSIFIED = "Unclassified"
 
@@ -55,8 +56,8 @@ def render_map_figure(
     from matplotlib.patches import Patch
 
     m = _check_map(label_map, class_names)
-    class_names = [str(n).replace("$", r"\$") for n in class_names]  # a literal '$', not matplotlib mathtext
-    panels = [(title, m)]
+    class_names = [drawable(n) for n in class_names]  # drawn as written: '$' literal, undecodable bytes escaped
+    panels = [(drawable(title), m)]
     if gt is not None:
         g = _check_map(gt, class_names, "gt")
         if g.shape != m.shape:

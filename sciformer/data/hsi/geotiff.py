@@ -47,6 +47,29 @@ def _rasterio() -> Any:
     return rasterio
 
 
+@contextlib.contextmanager
+def _open(rasterio: Any, path: str | os.PathLike[str]) -> Iterator[Any]:
+    """``rasterio.open(path)`` for reading. GDAL takes UTF-8 names only: a path of bytes that
+    are not UTF-8 is opened here and given to GDAL by its descriptor's name in ``/proc``
+    (read in place, header first), or as an open Python file where there is no ``/proc``."""
+    if not any("\ud800" <= ch <= "\udfff" for ch in os.fspath(path)):
+        with rasterio.open(path) as src:
+            yield src
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        by_descriptor = f"/proc/self/fd/{fd}"
+        with _quiet_without_georef(rasterio):
+            if os.path.exists(by_descriptor):
+                with rasterio.open(by_descriptor) as src:
+                    yield src
+            else:
+                with os.fdopen(os.dup(fd), "rb") as handle, rasterio.open(handle) as src:
+                    yield src
+    finally:
+        os.close(fd)
+
+
 # ----------------------------------------------------------------------------- ENVI georeference
 
 
@@ -147,7 +170,7 @@ def read_geotiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, An
     """A GeoTIFF's bands as (H, W, B) (native dtype) and its georef."""
     rasterio = _rasterio()
     try:
-        with rasterio.open(path) as src:
+        with _open(rasterio, path) as src:
             data = np.moveaxis(src.read(), 0, -1)  # (H, W, B)
             georef = {"transform": list(src.transform)[:6], "crs_wkt": src.crs.to_wkt() if src.crs else None,
                       "map_info": None, "coordinate_system_string": None, "nodata": src.nodata}
@@ -160,7 +183,7 @@ def geotiff_layout(path: Path) -> tuple[tuple[int, int, int], str]:
     """(height, width, bands) and the numpy dtype kind of a GeoTIFF, read from its header only."""
     rasterio = _rasterio()
     try:
-        with rasterio.open(path) as src:
+        with _open(rasterio, path) as src:
             return (int(src.height), int(src.width), int(src.count)), np.dtype(src.dtypes[0]).kind
     except rasterio.errors.RasterioError as exc:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
@@ -179,7 +202,7 @@ def georef_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 def read_geotiff_georef(path: Path) -> dict[str, Any]:
     rasterio = _rasterio()
     try:
-        with rasterio.open(path) as src:
+        with _open(rasterio, path) as src:
             return {"transform": list(src.transform)[:6], "crs_wkt": src.crs.to_wkt() if src.crs else None,
                     "map_info": None, "coordinate_system_string": None}
     except rasterio.errors.RasterioError as exc:

@@ -18,6 +18,8 @@ import numpy as np
 
 from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
+from sciformer.utils.atomic import atomic_write_with
+from sciformer.utils.text import drawable
 
 __all__ = ["render_labels", "label_figure"]
 
@@ -34,7 +36,7 @@ def _panels(labels: np.ndarray | Mapping[str, np.ndarray], n: int, num_classes: 
             raise DataError(f"render: labels '{name}' must be {n} integers, got shape {lab.shape} dtype {lab.dtype}")
         if lab.size and lab.max() >= num_classes:
             raise DataError(f"render: labels '{name}' reach {lab.max()} but there are {num_classes} class names")
-        out.append((str(name), lab.astype(np.int64)))
+        out.append((drawable(name), lab.astype(np.int64)))
     if not out:
         raise DataError("render: no labels to draw")
     return out
@@ -78,7 +80,7 @@ def label_figure(
         raise DataError(f"render: view must be one of {', '.join(VIEWS)}, got {view!r}")
     if max_points < 1:
         raise DataError(f"render: max_points must be >= 1, got {max_points}")
-    names = [str(c) for c in class_names]
+    names = [drawable(c) for c in class_names]  # drawn as written: '$' literal, undecodable bytes escaped
     panels = _panels(labels, coord.shape[0], len(names))
     keep = np.arange(coord.shape[0])
     if coord.shape[0] > max_points:
@@ -113,7 +115,7 @@ def label_figure(
     if any((lab[keep] < 0).any() for _, lab in panels):
         handles.append(Patch(facecolor=_IGNORED, edgecolor="black", linewidth=0.3, label="ignored"))
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(drawable(title), fontsize=10)
     right = 1.0 - 2.4 / fig.get_figwidth()
     fig.subplots_adjust(left=0.02, right=right, top=0.9, bottom=0.03, wspace=0.05, hspace=0.12)
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(right + 0.01, 0.5), fontsize=7, frameon=False, title="Classes")
@@ -131,5 +133,5 @@ def render_labels(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = label_figure(coord, labels, class_names, **kwargs)  # type: ignore[arg-type]
-    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.1)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.1))
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -54,3 +55,28 @@ def test_render_rejects_bad_input() -> None:
         label_figure(coord, label, NAMES, view="side")
     with pytest.raises(DataError, match="coord"):
         label_figure(coord[:, :2], label, NAMES)
+
+
+def test_names_of_any_bytes_are_drawn(tmp_path: Path) -> None:
+    """A scene named with bytes that are not UTF-8 and '$' signs (mathtext to matplotlib) renders."""
+    coord, label = scene(300)
+    title = os.fsdecode(b"te\xff_$_$")
+    path = render_labels(tmp_path / "s.png", coord, {"pred$_$": label}, ["a$", "b^$", "c\udcfe", "d"], title=title)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = label_figure(coord, {"pred$_$": label}, ["a$", "b^$", "c\udcfe", "d"], title=title)
+    assert fig._suptitle.get_text() == "te\\xff_\\$_\\$"
+    assert legend_labels(fig) == ["a\\$", "b^\\$", "c\\xfe"]
+
+
+def test_a_failed_render_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from matplotlib.figure import Figure
+
+    def half(self, fname, **kwargs):
+        Path(fname).write_bytes(b"\x89PNG partial")
+        raise OSError(28, "No space left on device")
+
+    coord, label = scene(100)
+    monkeypatch.setattr(Figure, "savefig", half)
+    with pytest.raises(OSError):
+        render_labels(tmp_path / "s.png", coord, label, NAMES)
+    assert list(tmp_path.iterdir()) == []

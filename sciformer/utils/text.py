@@ -1,0 +1,26 @@
+"""Text drawn into figures: any name a user's files or folders can have, drawn as itself.
+
+A scene, run or class name can hold bytes that are not UTF-8 (Python keeps them as lone
+surrogates), control characters, or ``$`` signs that matplotlib would parse as mathtext
+(``scan$_$1`` raises). :func:`drawable` turns such a name into text every font and
+matplotlib can draw, keeping it recognisable::
+
+    drawable("te\udcff$_$")  # -> 'te\\xff\\$_\\$' (drawn as te\xff$_$)
+"""
+
+from __future__ import annotations
+
+__all__ = ["drawable"]
+
+
+def drawable(text: object) -> str:
+    """``text`` as matplotlib draws it literally: undecodable bytes as ``\\xNN``, characters
+    that are not printable (tab, newline, NUL, direction marks) as their escapes, ``$`` escaped."""
+    value = str(text)
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes of a path Python could not decode
+    except UnicodeEncodeError:  # surrogates of another origin
+        raw = value.encode("utf-8", "surrogatepass")
+    decoded = raw.decode("utf-8", "backslashreplace")
+    shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in decoded)
+    return shown.replace("$", r"\$")
