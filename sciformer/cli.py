@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 import sciformer
-from sciformer.errors import SciformerError
+from sciformer.errors import SciformerError, resource_failure
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -328,58 +327,17 @@ def main(argv: list[str] | None = None) -> int:
         terminate_as_interrupt(process=True)
     try:
         return COMMANDS[args.command](args)
-    except SciformerError as exc:
-        if os.environ.get("SCIFORMER_DEBUG"):
-            raise
-        _quiet_signals()
-        _report(args.command, f"error: {exc}")
-        return exc.exit_code
     except KeyboardInterrupt:
         _quiet_signals()
         _report(args.command, "interrupted")
         return _interrupted_exit()
-    except (OSError, MemoryError, RuntimeError) as exc:  # full disk, unwritable folder, an allocation the data asked for
-        what = _resource_failure(exc)
+    except (SciformerError, OSError, MemoryError, RuntimeError) as exc:  # + full disk, unwritable folder, out of memory
+        what = str(exc) if isinstance(exc, SciformerError) else resource_failure(exc)
         if what is None or os.environ.get("SCIFORMER_DEBUG"):
             raise
         _quiet_signals()
         _report(args.command, f"error: {what}")
-        return 2
-
-
-# torch reports a failed allocation as a RuntimeError (torch.OutOfMemoryError on a GPU)
-_ALLOCATION_FAILED = ("can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory")
-
-
-def _bytes_text(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} bytes"
-
-
-def _resource_failure(exc: BaseException) -> str | None:
-    """The one line for a machine resource that ran out (memory, disk, file size, open files),
-    or None for an error that is a bug (a traceback helps)."""
-    if isinstance(exc, MemoryError):
-        return "out of memory"
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "")
-    text = str(exc)
-    if text.startswith("DataLoader worker"):  # a worker killed (out of memory) or stopped (out of open files)
-        import resource
-
-        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return (f"{' '.join(text.split())}; a data-loading process ended without its batch (killed for memory, or out of "
-                f"open files: the limit is {files}, see ulimit -n); try fewer train.num_workers (0 loads in this process)")
-    if any(mark in text for mark in _ALLOCATION_FAILED):
-        tried = re.search(r"[Tt]ried to allocate ([0-9.]+) ?([A-Za-z]*)", text)
-        size = ""
-        if tried:
-            size = _bytes_text(float(tried[1])) if tried[2] in ("", "bytes") else f"{tried[1]} {tried[2]}"
-        return "out of memory" + (f" (an allocation of {size} failed)" if size else "") + \
-            "; lower the batch size or the points / patch size per sample"
-    return None
+        return exc.exit_code if isinstance(exc, SciformerError) else 2
 
 
 def _print_names_as_bytes() -> None:

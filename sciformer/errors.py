@@ -8,6 +8,8 @@ was expected.
 
 from __future__ import annotations
 
+import re
+
 
 class SciformerError(Exception):
     """Base class of user-facing errors (bad config, bad file, bad argument)."""
@@ -28,3 +30,38 @@ class DataError(SciformerError, ValueError):
 
 class CheckpointError(SciformerError, ValueError):
     """A checkpoint is missing, truncated, foreign or unsafe."""
+
+
+# torch reports a failed allocation as a RuntimeError (torch.OutOfMemoryError on a GPU)
+_ALLOCATION_FAILED = ("can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory")
+
+
+def _bytes_text(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def resource_failure(exc: BaseException) -> str | None:
+    """The one line for a machine resource that ran out (memory, disk, file size, open files),
+    or None for an error that is a bug (a traceback helps)."""
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "")
+    text = str(exc)
+    if text.startswith("DataLoader worker"):  # a worker killed (out of memory) or stopped (out of open files)
+        import resource
+
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"{' '.join(text.split())}; a data-loading process ended without its batch (killed for memory, or out of "
+                f"open files: the limit is {files}, see ulimit -n); try fewer train.num_workers (0 loads in this process)")
+    if any(mark in text for mark in _ALLOCATION_FAILED):
+        tried = re.search(r"[Tt]ried to allocate ([0-9.]+) ?([A-Za-z]*)", text)
+        size = ""
+        if tried:
+            size = _bytes_text(float(tried[1])) if tried[2] in ("", "bytes") else f"{tried[1]} {tried[2]}"
+        return "out of memory" + (f" (an allocation of {size} failed)" if size else "") + \
+            "; lower the batch size or the points / patch size per sample"
+    return None

@@ -5,9 +5,10 @@ A chunked pass issues a few dozen tensor operations per chunk of points. With in
 loaded machine a barrier waits for a descheduled thread (measured here: a layer 5-10x
 slower with 2 threads than with 1 while other processes ran). Instead, chunks are spread
 over worker threads that each run their operations single-threaded: no barrier per
-operation, and each worker's chunk stays in its own core's cache. Workers set one
-intra-op thread for themselves (``torch.set_num_threads`` is per thread for OpenMP and
-MKL; its process-wide default is restored right after the workers start).
+operation, and each worker's chunk stays in its own core's cache. The workers run with one
+intra-op thread: OpenMP (libgomp) keeps one thread count for every thread outside its own
+teams, so a worker cannot set its own; the process-wide count is 1 while the workers run
+(the calling thread only waits for them) and is restored when they are done.
 
 Chunks are assigned statically (worker w takes chunks w, w + T, ...) and per-worker
 partial sums are combined in worker order, so results are reproducible for a given
@@ -42,11 +43,9 @@ def _start_pool(size: int) -> ThreadPoolExecutor | None:
         if _pool is not None and _pool_pid == os.getpid():
             _pool.shutdown(wait=False)
         _pool, _pool_size = None, 0  # never handed out again, whether the new pool starts or not
-        previous = torch.get_num_threads()
         started = threading.Barrier(size + 1)
 
         def init() -> None:
-            torch.set_num_threads(1)
             started.wait()
 
         pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="sciformer-chunks")
@@ -55,12 +54,10 @@ def _start_pool(size: int) -> ThreadPoolExecutor | None:
         except RuntimeError:  # "can't start new thread": release those that did start
             started.abort()
             pool.shutdown(wait=True)
-            torch.set_num_threads(previous)
             return None
         started.wait()
         for f in futures:
             f.result()
-        torch.set_num_threads(previous)  # restore the process-wide default
         _pool, _pool_size, _pool_pid = pool, size, os.getpid()
         return pool
 
@@ -92,8 +89,13 @@ def run_chunks(
         with torch.no_grad():  # grad mode is per thread
             return job(part)
 
-    futures = [pool.submit(run, ranges[w::workers]) for w in range(workers)]
-    return [f.result() for f in futures]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # each worker's operations single-threaded (a process-wide count, see above)
+    try:
+        futures = [pool.submit(run, ranges[w::workers]) for w in range(workers)]
+        return [f.result() for f in futures]
+    finally:
+        torch.set_num_threads(previous)
 
 
 def sum_parts(parts: list[torch.Tensor | None]) -> torch.Tensor | None:

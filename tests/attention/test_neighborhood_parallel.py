@@ -84,3 +84,22 @@ def test_a_pool_that_failed_to_grow_is_never_handed_out_again(monkeypatch: pytes
         assert sum(par.run_chunks(job, ranges, torch.device("cpu"))) == 8  # a fresh pool of 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_chunk_workers_run_their_operations_single_threaded() -> None:
+    """OpenMP keeps one thread count for all threads outside its teams: a worker setting its own
+    had no effect (each ran the process's count, oversubscribing the cores). While the workers
+    run, torch's count is 1 in each of them; afterwards the caller's count is back."""
+    import torch
+
+    from sciformer.attention import _neighborhood_parallel as par
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = par.run_chunks(lambda part: (torch.get_num_threads(), torch.is_grad_enabled()), [(0, 1), (1, 2), (2, 3)],
+                              torch.device("cpu"))
+        assert seen == [(1, False), (1, False)]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
