@@ -20,7 +20,9 @@ a one-line :class:`~sciformer.errors.CheckpointError`.
 
 from __future__ import annotations
 
+import os
 import pickle
+import stat
 import warnings
 import zipfile
 from pathlib import Path
@@ -30,6 +32,7 @@ import torch
 
 from sciformer.errors import CheckpointError, DataError
 from sciformer.utils.atomic import atomic_write_with
+from sciformer.utils.digest import stream_sha256
 from sciformer.utils.limits import check_bytes, regular_file
 
 MAX_CLASSES = 1_000_000
@@ -112,21 +115,34 @@ def checkpoint_file(path: str | Path, in_run: str = "last.pt") -> Path:
 
 def load_checkpoint(path: str | Path, in_run: str = "last.pt") -> dict[str, Any]:
     """Load and check a checkpoint (a file, or ``checkpoints/<in_run>`` of a run folder); never executes code from the file."""
+    return load_checkpoint_and_digest(path, in_run, digest=False)[0]
+
+
+def load_checkpoint_and_digest(path: str | Path, in_run: str = "last.pt", *, digest: bool = True) -> tuple[dict[str, Any], str | None]:
+    """:func:`load_checkpoint`, and the SHA-256 of the file it loaded (None unless ``digest``).
+
+    The file is opened once: its container check, its digest and torch.load read that one open
+    file, so a file replaced meanwhile (a run writing a new best.pt) can never give the digest
+    of one file and the tensors of another.
+    """
     path = checkpoint_file(path, in_run)
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
-    _check_container(path)
     try:
-        with warnings.catch_warnings():  # torch warns (several lines) about files written by other tools
-            warnings.simplefilter("ignore")
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        # torch's first line advises weights_only=False; the useful line names the blocked object
-        first = next((ln for ln in lines if "GLOBAL" in ln or "nsupported" in ln), lines[0] if lines else "unsafe content")
-        raise CheckpointError(f"checkpoint '{path}' was refused: it holds objects other than tensors and plain data ({first[:160]})") from None
-    except Exception as exc:  # noqa: BLE001 - any other failure means a damaged or foreign file
-        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+        regular_file(path, "checkpoint")
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never waits on a FIFO swapped in since
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"checkpoint '{path}' is not a regular file")
+        _check_container(handle, path)
+        sha = None
+        if digest:
+            handle.seek(0)
+            sha = stream_sha256(handle)
+        handle.seek(0)
+        data = _torch_load(handle, path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a sciformer checkpoint (no '{FORMAT}' tag)")
     if data.get("version") != VERSION:
@@ -137,19 +153,30 @@ def load_checkpoint(path: str | Path, in_run: str = "last.pt") -> dict[str, Any]
         if not isinstance(data[key], dict):
             raise CheckpointError(f"checkpoint '{path}': '{key}' is a {type(data[key]).__name__}; expected a mapping")
     _check_data_info(data["data_info"], path)
-    return data
+    return data, sha
 
 
-def _check_container(path: Path) -> None:
-    """A regular file whose zip members are stored (as torch.save writes them) and fit the memory budget."""
+def _torch_load(handle: Any, path: Path) -> Any:
     try:
-        regular_file(path, "checkpoint")
-    except DataError as exc:
-        raise CheckpointError(str(exc)) from None
-    if not zipfile.is_zipfile(path):
+        with warnings.catch_warnings():  # torch warns (several lines) about files written by other tools
+            warnings.simplefilter("ignore")
+            return torch.load(handle, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        # torch's first line advises weights_only=False; the useful line names the blocked object
+        first = next((ln for ln in lines if "GLOBAL" in ln or "nsupported" in ln), lines[0] if lines else "unsafe content")
+        raise CheckpointError(f"checkpoint '{path}' was refused: it holds objects other than tensors and plain data ({first[:160]})") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure means a damaged or foreign file
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+
+
+def _check_container(handle: Any, path: Path) -> None:
+    """Zip members stored (as torch.save writes them) that fit the memory budget (``handle``: the open file)."""
+    if not zipfile.is_zipfile(handle):
         return  # legacy (non-zip) torch files are size-bounded by the file itself; torch.load judges them
     try:
-        with zipfile.ZipFile(path) as archive:
+        handle.seek(0)
+        with zipfile.ZipFile(handle) as archive:
             members = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from sciformer.errors import CheckpointError, SciformerError
-from sciformer.utils.digest import file_sha256
 
 Shape = tuple[int, ...]
 MAX_NAMES = 4  # tensor names listed in one line before "+N more"
@@ -240,11 +239,11 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
     CheckpointError. Optimizer, schedule and epoch are not taken (that is ``--resume``).
     """
     from sciformer.data.hsi.bandmatch import band_placement
-    from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
+    from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint_and_digest
 
     file = checkpoint_file(path, in_run="best.pt")
     shown = display_path(file)
-    state = load_checkpoint(file)
+    state, sha256 = load_checkpoint_and_digest(file)  # the digest of the bytes loaded
     ctx = context(state, exp_dict, info)
     src_family, dst_family = model_family(ctx.ckpt_model), model_family(ctx.model)
     if src_family is not None and dst_family is not None and src_family != dst_family:
@@ -273,7 +272,7 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
         line += "; re-initialised " + "; ".join(f"{_list(names)} ({why})" for why, names in redone.items())
     if unused:
         line += f"; ignored {len(unused)} checkpoint tensors the model lacks ({_list(unused)})"
-    record = {"checkpoint": str(file.resolve()), "sha256": file_sha256(file), "model": ctx.ckpt_model, "epoch": state.get("epoch"),
+    record = {"checkpoint": str(file.resolve()), "sha256": sha256, "model": ctx.ckpt_model, "epoch": state.get("epoch"),
               "loaded": len(loaded), "tensors": len(own), "reinitialised": [n for names in redone.values() for n in names]}
     placement = band_placement(state.get("data_state"), ((state.get("config") or {}).get("model") or {}).get("position_source"))
     if placement is not None:  # hyperspectral: how the checkpoint's model placed bands

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import BinaryIO
 
 BLOCK = 1 << 20  # bytes read at a time
 
 
 def file_sha256(path: Path) -> str:
     """Hex SHA-256 of the whole file."""
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(BLOCK), b""):
-            digest.update(block)
+        return stream_sha256(handle)
+
+
+def stream_sha256(handle: BinaryIO) -> str:
+    """Hex SHA-256 of what is left to read in an open binary file."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: handle.read(BLOCK), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 

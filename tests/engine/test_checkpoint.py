@@ -62,3 +62,30 @@ def test_pickled_code_is_refused(tmp_path: Path) -> None:
     torch.save({"format": "sciformer-checkpoint", "version": 1, "config": {}, "model": {}, "data_info": {}, "x": _Payload()}, path, pickle_protocol=pickle.DEFAULT_PROTOCOL)
     with pytest.raises(CheckpointError, match="refused"):
         load_checkpoint(path)
+
+
+def test_the_digest_is_of_the_file_loaded_even_when_the_path_is_replaced_meanwhile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run writing a new best.pt (an atomic rename) between the digest and the load: both
+    come from the file that was opened, never a digest of one and tensors of the other."""
+    import hashlib
+
+    from sciformer.engine import checkpoint
+
+    def payload(value: float) -> dict:
+        return {"config": {}, "model": {"w": torch.full((4,), value)}, "data_info": {"num_classes": 2, "in_channels": 3}}
+
+    path, newer = tmp_path / "best.pt", tmp_path / "newer.pt"
+    save_checkpoint(path, payload(1.0))
+    save_checkpoint(newer, payload(2.0))
+    first = hashlib.sha256(path.read_bytes()).hexdigest()
+    real = checkpoint.stream_sha256
+
+    def digest_then_replace(handle):
+        out = real(handle)
+        os.replace(newer, path)  # what the training run does meanwhile
+        return out
+
+    monkeypatch.setattr(checkpoint, "stream_sha256", digest_then_replace)
+    state, sha = checkpoint.load_checkpoint_and_digest(path)
+    assert sha == first and torch.equal(state["model"]["w"], torch.full((4,), 1.0))
+    assert checkpoint.load_checkpoint(path)["model"]["w"][0] == 2.0  # the path now names the newer file
