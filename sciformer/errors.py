@@ -52,11 +52,14 @@ def resource_failure(exc: BaseException) -> str | None:
         return f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "")
     text = str(exc)
     if text.startswith("DataLoader worker"):  # a worker killed (out of memory) or stopped (out of open files)
-        import resource
+        try:
+            import resource
 
-        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            files = f"the limit is {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, see ulimit -n"
+        except ImportError:
+            files = "see the system's limit"
         return (f"{' '.join(text.split())}; a data-loading process ended without its batch (killed for memory, or out of "
-                f"open files: the limit is {files}, see ulimit -n); try fewer train.num_workers (0 loads in this process)")
+                f"open files: {files}); try fewer train.num_workers (0 loads in this process)")
     if any(mark in text for mark in _ALLOCATION_FAILED):
         tried = re.search(r"[Tt]ried to allocate ([0-9.]+) ?([A-Za-z]*)", text)
         size = ""

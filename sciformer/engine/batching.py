@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import sys
 from collections.abc import Iterator
 
@@ -100,6 +99,10 @@ def descriptors_for(workers: int) -> int:
 def make_room_for_workers(workers: int) -> None:
     """Raise the open-file limit towards its hard limit when it is below :func:`descriptors_for`
     (the soft limit of many systems is 1024, the hard one far higher)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = descriptors_for(workers)
     if soft != resource.RLIM_INFINITY and soft < need:

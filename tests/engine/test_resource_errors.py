@@ -76,6 +76,15 @@ def test_a_failed_torch_allocation_is_one_line(monkeypatch: pytest.MonkeyPatch, 
     assert "batch size" in line
 
 
+def test_a_loading_worker_that_ended_is_one_line_naming_the_workers(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    loader = DataLoader(_Unpicklable(), batch_size=2, num_workers=1, collate_fn=lambda items: items,
+                        worker_init_fn=stop_on_lost_batch, timeout=60)
+    monkeypatch.setitem(cli.COMMANDS, "report", lambda args: next(iter(loader)))
+    assert cli.main(["report", "x"]) == 2
+    line = _one_line(capsys)  # (the worker's own line goes to its process's stderr)
+    assert line.startswith("sciformer report: error: DataLoader worker") and "train.num_workers" in line
+
+
 def test_a_runtime_error_that_is_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(args):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)")
