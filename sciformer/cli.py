@@ -318,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit("sciformer: interrupted")
         return _interrupted_exit()
     if args.command is None:
-        parser.print_help()
-        return 2
+        return parser.print_help() or 2
     _print_names_as_bytes()
     if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
         from sciformer.engine.signals import terminate_as_interrupt
@@ -331,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_signals()
         _report(args.command, "interrupted")
         return _interrupted_exit()
-    except (SciformerError, OSError, MemoryError, RuntimeError) as exc:  # + full disk, unwritable folder, out of memory
+    except (SciformerError, OSError, MemoryError, RuntimeError, ImportError) as exc:  # + full disk, unwritable folder, out of memory
         what = str(exc) if isinstance(exc, SciformerError) else resource_failure(exc)
         if what is None or os.environ.get("SCIFORMER_DEBUG"):
             raise
@@ -389,10 +388,12 @@ def _interrupted_exit() -> int:
 
 
 def _quiet_signals() -> None:
+    """The process reports and ends: no further signal, no 'Exception ignored' (a half-built loader) after the line."""
     from sciformer.engine.signals import quiet_signals
 
     if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process (not a test calling main)
         quiet_signals()
+        sys.unraisablehook = lambda unraisable: None
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ was expected.
 
 from __future__ import annotations
 
+import errno
 import re
 
 
@@ -17,7 +18,11 @@ class SciformerError(Exception):
     exit_code = 2
 
     def __str__(self) -> str:  # always one line
-        return " ".join(super().__str__().split())
+        text = super().__str__()
+        raised_as = f"{type(self).__module__}.{type(self).__qualname__}: "
+        if "Original Traceback" in text and raised_as in text:  # re-raised by torch from a loading worker: the worker's message
+            text = text.rsplit(raised_as, 1)[1]
+        return " ".join(text.split())
 
 
 class ConfigError(SciformerError, ValueError):
@@ -48,18 +53,16 @@ def resource_failure(exc: BaseException) -> str | None:
     or None for an error that is a bug (a traceback helps)."""
     if isinstance(exc, MemoryError):
         return "out of memory"
+    if isinstance(exc, ImportError):  # a library that cannot be mapped under a memory limit (ulimit -v)
+        low = str(exc).lower()
+        return f"out of memory while loading a library ({str(exc)[:200]})" if "map segment" in low or "allocate memory" in low else None
     if isinstance(exc, OSError):
-        return f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "")
+        hint = f"; {_open_files()}: raise it, or lower train.num_workers" if exc.errno == errno.EMFILE else ""
+        return f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "") + hint
     text = str(exc)
     if text.startswith("DataLoader worker"):  # a worker killed (out of memory) or stopped (out of open files)
-        try:
-            import resource
-
-            files = f"the limit is {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, see ulimit -n"
-        except ImportError:
-            files = "see the system's limit"
         return (f"{' '.join(text.split())}; a data-loading process ended without its batch (killed for memory, or out of "
-                f"open files: {files}); try fewer train.num_workers (0 loads in this process)")
+                f"open files: {_open_files()}); try fewer train.num_workers (0 loads in this process)")
     if any(mark in text for mark in _ALLOCATION_FAILED):
         tried = re.search(r"[Tt]ried to allocate ([0-9.]+) ?([A-Za-z]*)", text)
         size = ""
@@ -68,3 +71,11 @@ def resource_failure(exc: BaseException) -> str | None:
         return "out of memory" + (f" (an allocation of {size} failed)" if size else "") + \
             "; lower the batch size or the points / patch size per sample"
     return None
+
+
+def _open_files() -> str:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return "the open-file limit"
+    return f"the open-file limit is {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} (ulimit -n)"

@@ -64,9 +64,12 @@ def open_folder_lock(folder: Path, name: str = ".lock", *, flag: str = "output f
 
 
 def drop_folder_lock(folder: Path, name: str, handle: IO[str]) -> None:
-    """Remove the lock file if it is still this lock's (while locked), then unlock."""
+    """Remove the lock file if it is still this lock's (while locked), then unlock; an empty file
+    that was there before (someone's, or one a killed process left) is emptied again, not removed."""
     try:
-        if _names(folder / name, handle):
+        if getattr(handle, "sciformer_found_empty", False):
+            handle.truncate(0)
+        elif _names(folder / name, handle):
             os.unlink(folder / name)
     except OSError:
         pass
@@ -96,7 +99,7 @@ PID_BYTES = 32  # a lock file holds a process id and a newline
 def holds_pid_only(fd: int) -> bool:
     """Whether the open file is empty (a lock being created) or holds only a process id."""
     data = os.pread(fd, PID_BYTES + 1, 0)
-    return len(data) <= PID_BYTES and (not data.strip() or data.strip().isdigit())
+    return not data or (len(data) <= PID_BYTES and data.strip().isdigit())
 
 
 def _names(path: Path, handle: IO[str]) -> bool:
@@ -114,8 +117,13 @@ def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        try:
-            fd = os.open(folder / name, flags, 0o666)  # never through a link, never waiting on a FIFO
+        try:  # never through a link, never waiting on a FIFO
+            fd, created = os.open(folder / name, flags | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(folder / name, flags, 0o666), False
+            except FileNotFoundError:
+                return None
         except FileNotFoundError:
             return None
         st = os.fstat(fd)
@@ -123,7 +131,9 @@ def _open(folder: Path, name: str, flag: str) -> IO[str] | None:
             os.close(fd)
             raise FolderLockError(f"{flag} {folder}: its {name} is not a lock file of sciformer's (a file of its own holding a pid); "
                                   "choose another folder")
-        return os.fdopen(fd, "a+", encoding="utf-8")
+        handle = os.fdopen(fd, "a+", encoding="utf-8")
+        handle.sciformer_found_empty = not created and st.st_size == 0  # type: ignore[attr-defined] - someone's empty file: kept
+        return handle
     except FileExistsError:
         raise FolderLockError(f"{flag} {folder}: a file (or a file above it) is in the way; expected a folder") from None
     except NotADirectoryError:

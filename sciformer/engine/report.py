@@ -6,7 +6,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -55,35 +54,37 @@ def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names:
     The caller holds the folder (a run's lock, or ``locked_evaluation_dir``), so stages an
     interrupted process left are removed first.
     """
-    for stale in stale_stages(out_dir):
-        shutil.rmtree(stale, ignore_errors=True)
     predictions = out_dir / "predictions"
-    replacing = False
+    for stale in stale_stages(predictions):
+        shutil.rmtree(stale, ignore_errors=True)
+    replacing = swapped = False
     try:
         with atomic_folder(predictions, replace=True) as stage, undone_on_abrupt_exit(lambda: shutil.rmtree(stage, ignore_errors=True)):
             facts = {**extra, **(export(stage) or {})}
-            replacing = True
             with contextlib.suppress(FileNotFoundError):
                 (out_dir / "metrics.json").unlink()  # from here until it is written the folder holds no finished evaluation
-        with undone_on_abrupt_exit(lambda: _remove_set(out_dir)):
+            replacing = True
+        swapped = True
+        with undone_on_abrupt_exit(lambda: _remove_set(out_dir, predictions=True)):
             with contextlib.suppress(OSError):
                 predictions.rmdir()  # nothing exported (the task writes no files): no empty folder
             return write_evaluation(out_dir, split, scores, class_names, facts)
     except BaseException:
         if replacing:
-            _remove_set(out_dir)
+            _remove_set(out_dir, predictions=swapped)
         raise
 
 
-def _remove_set(out_dir: Path) -> None:
-    """Remove an evaluation's files (metrics.json first); a link is removed, never followed."""
-    for name in EVALUATION_FILES:
+def _remove_set(out_dir: Path, *, predictions: bool) -> None:
+    """Remove an incomplete evaluation: its tables where they are files (metrics.json first), and
+    ``predictions/`` only when it is this evaluation's (renamed in); nothing else is followed or emptied."""
+    for name in ("metrics.json", "per_class.csv", "confusion_matrix.csv"):
         path = out_dir / name
         with contextlib.suppress(OSError):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif os.path.lexists(path):
+            if path.is_symlink() or path.is_file():
                 path.unlink()
+    if predictions:
+        shutil.rmtree(out_dir / "predictions", ignore_errors=True)
 
 
 def _fmt(x: float) -> str:

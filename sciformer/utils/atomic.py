@@ -10,6 +10,7 @@ any moment leaves either the previous file or the new one, never a truncated fil
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -49,6 +50,15 @@ def temporary_of(name: str) -> str | None:
     return None if match is None else match["name"]
 
 
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+
+
+def _fitting(name: str, limit: int) -> str:
+    """``name`` cut to at most ``limit`` UTF-8 bytes (a temporary's name stays legal where the final one is)."""
+    raw = name.encode("utf-8")
+    return name if len(raw) <= limit else raw[:max(limit, 1)].decode("utf-8", "ignore")
+
+
 def _utf8_name(name: str) -> str:
     """``name`` with each byte that is not UTF-8 (a lone surrogate) as ``_``."""
     return "".join("_" if "\ud800" <= ch <= "\udfff" else ch for ch in name)
@@ -62,7 +72,9 @@ def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     # lower case: np.save / np.savez given "x.NPY" would append ".npy" and write elsewhere
     # a name of bytes that are not UTF-8 gets a UTF-8 temporary: writers such as GDAL take UTF-8 names only
-    fd, name = tempfile.mkstemp(prefix=f".{_utf8_name(path.name)}.", suffix=f".tmp{_utf8_name(path.suffix.lower())}", dir=path.parent)
+    suffix = f".tmp{_utf8_name(path.suffix.lower())}"
+    stem = _fitting(_utf8_name(path.name), NAME_MAX - 10 - len(os.fsencode(suffix)))  # '.', '.', 8 random
+    fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffix, dir=path.parent)
     tmp = Path(name)
     try:
         yield fd, tmp
@@ -104,10 +116,18 @@ def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[Path], Non
     """
     with _replacing(Path(path)) as (fd, tmp):
         os.close(fd)
-        writer(tmp)
+        try:
+            writer(tmp)
+        except OSError as exc:
+            if exc.errno is None:  # numpy's short write ("4000 requested and 112 written"): say what it means
+                raise OSError(errno.ENOSPC, f"writing stopped short ({exc}): is the disk full or a file-size limit reached?",
+                              str(path)) from None
+            raise
 
 
-STAGE_MARK = ".partial-"  # temporary folders of atomic_folder: ``.<name>.partial-<8 random>``
+# temporary folders of atomic_folder: ``.<name>.sciformer-stage-<8 random>`` (being filled) and
+# ``.<name>.sciformer-old-<8 hex>`` (the folder it replaces, until removed)
+STAGE_MARK, OLD_MARK = ".sciformer-stage-", ".sciformer-old-"
 
 
 @contextlib.contextmanager
@@ -145,7 +165,7 @@ def atomic_folder(path: str | os.PathLike[str], *, replace: bool = False) -> Ite
 def _swap_in(new: Path, path: Path) -> None:
     """Rename folder ``new`` to ``path``, which exists: the old entry is renamed aside first (and
     put back if the rename fails), then removed (a link itself, never its target)."""
-    aside = path.parent / f".{path.name}.replaced-{secrets.token_hex(4)}"
+    aside = path.parent / f".{path.name}{OLD_MARK}{secrets.token_hex(4)}"
     os.rename(path, aside)
     try:
         os.replace(new, path)
@@ -159,12 +179,13 @@ def _swap_in(new: Path, path: Path) -> None:
             aside.unlink()
 
 
-def stale_stages(folder: Path) -> list[Path]:
-    """Temporary folders of :func:`atomic_folder` that an interrupted process left in ``folder``
-    (real folders named ``.<name>.partial-<8 random>`` or ``.<name>.replaced-<8 random>``)."""
-    pattern = re.compile(r"\..+\.(partial|replaced)-[a-z0-9_]{8}")
+def stale_stages(path: Path) -> list[Path]:
+    """Temporary folders of :func:`atomic_folder` for ``path`` that an interrupted process left
+    beside it (real folders named ``.<name>.sciformer-stage-<8 random>`` or
+    ``.<name>.sciformer-old-<8 hex>``); any other name is someone else's."""
+    pattern = re.compile(re.escape(f".{path.name}") + r"\.sciformer-(stage|old)-[a-z0-9_]{8}")
     try:
-        entries = list(folder.iterdir())
+        entries = list(path.parent.iterdir())
     except OSError:
         return []
     return [p for p in entries if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]

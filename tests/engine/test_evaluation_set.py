@@ -89,16 +89,50 @@ def test_an_export_of_no_files_leaves_no_predictions_folder(earlier: Path) -> No
     assert json.loads((earlier / "metrics.json").read_text())["round"] == 2
 
 
-def test_stages_an_interrupted_process_left_are_removed(earlier: Path) -> None:
-    (earlier / ".predictions.partial-abcd1234").mkdir()
-    (earlier / ".predictions.partial-abcd1234" / "half.npy").write_text("half")
-    (earlier / ".predictions.replaced-0123abcd").mkdir()
-    (earlier / ".predictions.partial-mine").mkdir()  # not a stage's name: the user's
-    (earlier / ".x.partial-abcd1234").write_text("a file, not a stage")
-    assert {p.name for p in stale_stages(earlier)} == {".predictions.partial-abcd1234", ".predictions.replaced-0123abcd"}
+def test_stages_an_interrupted_process_left_are_removed_and_nothing_else(earlier: Path) -> None:
+    for name in (".predictions.sciformer-stage-abcd1234", ".predictions.sciformer-old-0123abcd"):
+        (earlier / name).mkdir()
+        (earlier / name / "half.npy").write_text("half")
+    users = [".predictions.partial-abcd1234", ".predictions.replaced-12345678", ".photos.sciformer-stage-abcd1234",
+             ".predictions.sciformer-stage-mine", ".predictions.sciformer-old-ABCDEFGH"]
+    for name in users:  # names a user may give: kept with their files
+        (earlier / name).mkdir()
+        (earlier / name / "mine.txt").write_text("mine")
+    (earlier / ".predictions.sciformer-stage-fedc4321").write_text("a file, not a stage")
+    assert {p.name for p in stale_stages(earlier / "predictions")} == {".predictions.sciformer-stage-abcd1234",
+                                                                       ".predictions.sciformer-old-0123abcd"}
     write_evaluation_set(earlier, "test", SCORES, NAMES, {}, _exporter({"p.npy": "new"}))
     hidden = sorted(p.name for p in earlier.iterdir() if p.name.startswith("."))
-    assert hidden == [".predictions.partial-mine", ".x.partial-abcd1234"]
+    assert hidden == sorted([*users, ".predictions.sciformer-stage-fedc4321"])
+    assert all((earlier / name / "mine.txt").read_text() == "mine" for name in users)
+
+
+def test_an_old_metrics_json_that_cannot_be_removed_keeps_the_old_set_whole(earlier: Path) -> None:
+    """metrics.json a folder of the user's (unlink fails): the new set is not swapped in and
+    nothing of the old one goes; nor is the user's folder emptied."""
+    (earlier / "metrics.json").unlink()
+    (earlier / "metrics.json").mkdir()
+    (earlier / "metrics.json" / "theirs.txt").write_text("theirs")
+    before = _snapshot(earlier)
+    with pytest.raises(OSError):
+        write_evaluation_set(earlier, "test", SCORES, NAMES, {}, _exporter({"p.npy": "new"}))
+    assert _snapshot(earlier) == before
+
+
+def test_a_predictions_folder_that_cannot_be_moved_is_left_alone(earlier: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swap fails (a mount point: EBUSY): the old predictions stay, the folder holds no metrics.json."""
+    from sciformer.utils import atomic
+
+    def busy(src, dst):
+        raise OSError(16, "Device or resource busy", str(src))
+
+    before = _snapshot(earlier / "predictions")
+    monkeypatch.setattr(atomic.os, "rename", busy)
+    with pytest.raises(OSError):
+        write_evaluation_set(earlier, "test", SCORES, NAMES, {}, _exporter({"p.npy": "new"}))
+    monkeypatch.undo()
+    assert _snapshot(earlier / "predictions") == before
+    assert sorted(p.name for p in earlier.iterdir()) == ["notes.txt", "predictions"]
 
 
 def test_a_linked_predictions_folder_is_replaced_never_followed(earlier: Path, tmp_path: Path) -> None:

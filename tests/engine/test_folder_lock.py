@@ -85,7 +85,7 @@ def test_a_folder_removed_between_creating_it_and_opening_the_lock_is_created_ag
     handle.close()
 
 
-@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "folder", "file-above", "user-file", "long-digits"])
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "folder", "file-above", "user-file", "long-digits", "whitespace"])
 def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: str) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
@@ -99,8 +99,8 @@ def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: 
         os.mkfifo(folder / ".lock")  # never waited on
     elif kind == "folder":
         (folder / ".lock").mkdir()
-    elif kind in ("user-file", "long-digits"):  # a user's own file of that name: never truncated, never removed
-        (tmp_path / "target").write_text("user data\n" if kind == "user-file" else "7" * 40 + "\n")
+    elif kind in ("user-file", "long-digits", "whitespace"):  # a user's own file of that name: never truncated, never removed
+        (tmp_path / "target").write_text({"user-file": "user data\n", "long-digits": "7" * 40 + "\n", "whitespace": "   \n\n\t"}[kind])
         shutil.copy(tmp_path / "target", folder / ".lock")
     else:
         folder.rmdir()
@@ -111,7 +111,7 @@ def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: 
     assert "\n" not in str(info.value) and str(folder) in str(info.value)
     if kind in ("symlink", "hardlink"):
         assert (tmp_path / "target").read_text() == "user data\n"
-    if kind in ("user-file", "long-digits"):
+    if kind in ("user-file", "long-digits", "whitespace"):
         assert (folder / ".lock").read_bytes() == (tmp_path / "target").read_bytes()
         assert "not a lock file of sciformer's" in str(info.value)
     if kind == "folder":
@@ -120,14 +120,18 @@ def test_a_lock_path_that_is_not_a_plain_file_is_one_line(tmp_path: Path, kind: 
 
 @pytest.mark.parametrize("content", ["", "12345\n", " 42 "])
 def test_an_empty_lock_or_one_holding_a_pid_is_taken(tmp_path: Path, content: str) -> None:
-    """What a lock being created, or one a killed holder left, holds: the lock is taken and names us."""
+    """What a lock being created, or one a killed holder left, holds: the lock is taken and names
+    us. A pid file goes at the end; an empty file that was there is left there, empty."""
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / ".lock").write_text(content)
     handle = open_folder_lock(folder, ".lock")
     assert (folder / ".lock").read_text() == f"{os.getpid()}\n"
     drop_folder_lock(folder, ".lock", handle)
-    assert not (folder / ".lock").exists()
+    if content:
+        assert not (folder / ".lock").exists()
+    else:
+        assert (folder / ".lock").read_bytes() == b""
 
 
 def _contend(folder: str, marker: str, rounds: int, failures) -> None:

@@ -163,3 +163,84 @@ def test_training_with_workers_under_a_tiny_open_file_limit_finishes(tmp_path: P
                          capture_output=True, text=True, timeout=300, env=ENV, preexec_fn=_limit_open_files(files))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stderr.strip() == "" and (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_an_error_raised_in_a_loading_worker_keeps_its_own_message() -> None:
+    """torch re-raises a worker's error with its traceback in the message; the one line is the
+    worker's message (the oracle: what the worker raised)."""
+    from torch._utils import ExceptionWrapper
+
+    from sciformer.errors import DataError
+
+    try:
+        raise DataError("scene.npy: cannot read numpy file\n(OSError: [Errno 24] Too many open files)")
+    except DataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(DataError) as info:
+        wrapped.reraise()
+    assert "Original Traceback" in info.value.args[0]
+    assert str(info.value) == "scene.npy: cannot read numpy file (OSError: [Errno 24] Too many open files)"
+
+
+@pytest.mark.parametrize(("message", "one_line"), [
+    ("libtorch_cpu.so: failed to map segment from shared object", True),
+    ("libopenblas.so.0: cannot allocate memory for thread-local data", True),
+    ("No module named 'laspy'", False),
+])
+def test_a_library_that_cannot_be_mapped_is_out_of_memory(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+                                                          message: str, one_line: bool) -> None:
+    def failing(args):
+        raise ImportError(message)
+
+    monkeypatch.setitem(cli.COMMANDS, "report", failing)
+    if one_line:
+        assert cli.main(["report", "x"]) == 2
+        assert _one_line(capsys).startswith("sciformer report: error: out of memory while loading a library")
+    else:
+        with pytest.raises(ImportError):
+            cli.main(["report", "x"])
+
+
+SHORT_WRITE = """
+import errno, resource, signal, sys
+import numpy as np
+from sciformer.utils.atomic import atomic_write_with
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+try:
+    atomic_write_with(sys.argv[1], lambda tmp: np.save(tmp, np.zeros(1 << 16)))
+except OSError as exc:
+    print(exc.errno in (errno.ENOSPC, errno.EFBIG), exc.filename == sys.argv[1], "disk full" in str(exc) or exc.errno == errno.EFBIG)
+"""
+
+
+def test_a_short_write_names_the_file_and_what_it_means(tmp_path: Path) -> None:
+    """numpy reports a write cut short by a file-size limit or a full disk as '... requested and ... written'."""
+    target = str(tmp_path / "map.npy")
+    out = subprocess.run([sys.executable, "-c", SHORT_WRITE, target], capture_output=True, text=True, timeout=60, env=ENV)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True"]
+    assert os.listdir(tmp_path) == []  # no temporary left
+
+
+@pytest.mark.parametrize("name", ["a" * 255, "\u00e9" * 127 + "x", "p" * 240 + "_pred.npy"])
+def test_a_file_of_the_longest_legal_name_is_written(tmp_path: Path, name: str) -> None:
+    """The temporary beside it must be a legal name too (its name part is cut to fit)."""
+    from sciformer.utils.atomic import atomic_write_text
+
+    assert len(name.encode()) <= 255
+    atomic_write_text(tmp_path / name, "ok")
+    assert (tmp_path / name).read_text() == "ok" and os.listdir(tmp_path) == [name]
+
+
+def test_a_loader_that_runs_out_of_open_files_prints_only_its_line(tmp_path: Path) -> None:
+    """Four workers under a limit of 16 open files: torch's half-built loader iterator must not
+    add 'Exception ignored ... Traceback' after the one line (or the run finishes)."""
+    cfg = _hsi_experiment(tmp_path)
+    text = cfg.read_text().replace("num_workers: 2", "num_workers: 4")
+    cfg.write_text(text)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "sciformer", "train", "-c", str(cfg), "-o", str(tmp_path / "run")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV, preexec_fn=_limit_open_files(16))
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
+    if out.returncode != 0:
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
