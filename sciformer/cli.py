@@ -325,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
 
         terminate_as_interrupt(process=True)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        _quiet_signals()  # done and written: a signal from here on cannot make it look failed
+        return code
     except KeyboardInterrupt:
         _quiet_signals()
         _report(args.command, "interrupted")
@@ -380,10 +382,8 @@ def _interrupted_exit() -> int:
 
     atexit._run_exitfuncs()  # what a normal exit runs: logging shutdown, temporary folders
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(130)
 
 

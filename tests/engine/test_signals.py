@@ -4,6 +4,7 @@ process; outside imports, and when main() is called in-process, it stays a Keybo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,26 @@ def test_a_signal_inside_an_import_ends_the_process_with_one_line(tmp_path: Path
 def test_in_process_callers_still_get_a_keyboard_interrupt(tmp_path: Path) -> None:
     done = run(tmp_path, process=False)
     assert done.returncode == 3 and "caught KeyboardInterrupt" in done.stdout, done
+
+
+LATE_SIGNAL = """
+import atexit, os, signal, sys, threading, time
+sys.argv[0] = "sciformer"  # the command is the process
+from sciformer import cli
+
+def finished(args):
+    threading.Thread(target=lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGTERM)), daemon=True).start()
+    return 0
+
+atexit.register(time.sleep, 1.5)  # the signal lands while the process exits
+cli.COMMANDS["report"] = finished
+sys.exit(cli.main(["report", "x"]))
+"""
+
+
+def test_a_signal_after_the_command_finished_leaves_its_success() -> None:
+    """Everything is written: a SIGTERM while the process exits must not turn exit 0 into a kill or a traceback."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", LATE_SIGNAL], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
