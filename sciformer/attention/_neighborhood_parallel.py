@@ -6,9 +6,10 @@ loaded machine a barrier waits for a descheduled thread (measured here: a layer 
 slower with 2 threads than with 1 while other processes ran). Instead, chunks are spread
 over worker threads that each run their operations single-threaded: no barrier per
 operation, and each worker's chunk stays in its own core's cache. The workers run with one
-intra-op thread: OpenMP (libgomp) keeps one thread count for every thread outside its own
-teams, so a worker cannot set its own; the process-wide count is 1 while the workers run
-(the calling thread only waits for them) and is restored when they are done.
+intra-op thread. torch gives a thread the process-wide count at that thread's first parallel
+operation (a lazy per-thread start), which overrode a worker's own earlier
+``set_num_threads(1)``; so the process-wide count is 1 while workers run (the calling threads
+only wait for them), the count a worker takes then, and is restored when they are done.
 
 Chunks are assigned statically (worker w takes chunks w, w + T, ...) and per-worker
 partial sums are combined in worker order, so results are reproducible for a given
@@ -17,9 +18,10 @@ thread count.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -89,13 +91,33 @@ def run_chunks(
         with torch.no_grad():  # grad mode is per thread
             return job(part)
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # each worker's operations single-threaded (a process-wide count, see above)
-    try:
+    with _single_threaded():  # each worker's operations single-threaded (a process-wide count, see above)
         futures = [pool.submit(run, ranges[w::workers]) for w in range(workers)]
         return [f.result() for f in futures]
+
+
+_count_lock = threading.Lock()
+_running = 0  # run_chunks calls (from any thread) with workers running
+_saved_threads = 0  # the count before the first of them
+
+
+@contextlib.contextmanager
+def _single_threaded() -> Iterator[None]:
+    """torch's thread count 1 while any caller's workers run; the first caller saves the count
+    and the last one restores it (calls from several threads at once never leave it at 1)."""
+    global _running, _saved_threads
+    with _count_lock:
+        if _running == 0:
+            _saved_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _running += 1
+    try:
+        yield
     finally:
-        torch.set_num_threads(previous)
+        with _count_lock:
+            _running -= 1
+            if _running == 0:
+                torch.set_num_threads(_saved_threads)
 
 
 def sum_parts(parts: list[torch.Tensor | None]) -> torch.Tensor | None:

@@ -103,3 +103,39 @@ def test_chunk_workers_run_their_operations_single_threaded() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+def test_callers_in_several_threads_leave_the_thread_count_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads running chunk jobs at once: the count is 1 while any workers run and the
+    caller's count afterwards (one saving 1 as 'the previous count' would leave it at 1)."""
+    import threading
+    import time
+
+    import torch
+
+    from sciformer.attention import _neighborhood_parallel as par
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(par, "num_workers", lambda device, chunks: 2)  # callers that came in while others run pool too
+    seen: list[int] = []
+
+    def job(part):
+        time.sleep(0.002)
+        seen.append(torch.get_num_threads())
+        return len(part)
+
+    def caller() -> None:
+        for _ in range(40):
+            par.run_chunks(job, [(0, 1), (1, 2)], torch.device("cpu"))
+
+    try:
+        threads = [threading.Thread(target=caller) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert torch.get_num_threads() == 2
+        assert set(seen) == {1}
+    finally:
+        torch.set_num_threads(previous)
