@@ -92,7 +92,15 @@ def run_chunks(
             return job(part)
 
     with _single_threaded():  # each worker's operations single-threaded (a process-wide count, see above)
-        futures = [pool.submit(run, ranges[w::workers]) for w in range(workers)]
+        futures = []
+        try:
+            for w in range(workers):
+                futures.append(pool.submit(run, ranges[w::workers]))
+        except RuntimeError:  # another thread's call replaced the pool meanwhile: this call works alone
+            for f in futures:
+                f.result()
+            with torch.no_grad():
+                return [job(ranges)]
         return [f.result() for f in futures]
 
 

@@ -132,10 +132,14 @@ def load_checkpoint_and_digest(path: str | Path, in_run: str = "last.pt", *, dig
         regular_file(path, "checkpoint")
     except DataError as exc:
         raise CheckpointError(str(exc)) from None
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never waits on a FIFO swapped in since
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never waits on a FIFO swapped in since
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint '{path}' does not exist (it was removed while being opened)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by a folder, FIFO or device since the check
+        os.close(fd)
+        raise CheckpointError(f"checkpoint '{path}' is not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"checkpoint '{path}' is not a regular file")
         _check_container(handle, path)
         sha = None
         if digest:

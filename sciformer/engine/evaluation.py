@@ -23,7 +23,7 @@ from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
 from sciformer.engine.report import EVALUATION_FILES, write_evaluation_set
 from sciformer.engine.runfolder import OWN_FOLDERS
-from sciformer.engine.signals import undone_on_abrupt_exit
+from sciformer.engine.signals import outputs_complete, undone_on_abrupt_exit
 from sciformer.errors import SciformerError
 from sciformer.utils.progress import progress
 
@@ -77,6 +77,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
         payload = write_evaluation_set(out_dir, split, scores, task.info.class_names, facts, lambda stage: task.export_predictions(
             predict_fn(model, device, cfg.train.amp), stage, cfg.evaluation.batch_size, cfg.export, split=split,
             score=label_scorer(task.info.class_names, task.ignore_index), views=views))
+        outputs_complete()  # the whole set is written: a signal now cannot make it look failed
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
         if "full_resolution" in payload:  # whole scenes: the table scores the evaluation items; this, every point
             log(every_point_line(payload["full_resolution"], payload.get("test_views")))

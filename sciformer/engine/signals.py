@@ -89,6 +89,13 @@ def terminate_as_interrupt(process: bool = False) -> None:
             signal.signal(signal.SIGINT, _raise_interrupt)
 
 
+def outputs_complete() -> None:
+    """The command's outputs are all written: when the command is the process, a signal from
+    here on is ignored, so it cannot end a finished command as 'interrupted' (exit 130)."""
+    if _PROCESS:
+        quiet_signals()
+
+
 def quiet_signals() -> None:
     """Ignore SIGINT/SIGTERM from now on (the process is reporting and exiting)."""
     if _main_thread():

@@ -139,3 +139,20 @@ def test_callers_in_several_threads_leave_the_thread_count_as_it_was(monkeypatch
         assert set(seen) == {1}
     finally:
         torch.set_num_threads(previous)
+
+
+def test_a_pool_shut_down_by_another_caller_leaves_the_call_to_its_own_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread asking for a pool of another size shuts down the one this call got, before
+    this call submits: the call works alone and gives the whole answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from sciformer.attention import _neighborhood_parallel as par
+
+    gone = ThreadPoolExecutor(max_workers=2)
+    gone.shutdown()
+    monkeypatch.setattr(par, "num_workers", lambda device, chunks: 2)
+    monkeypatch.setattr(par, "_start_pool", lambda size: gone)
+    parts = par.run_chunks(lambda part: sum(b - a for a, b in part), [(0, 3), (3, 5), (5, 9)], torch.device("cpu"))
+    assert parts == [9]

@@ -89,3 +89,27 @@ def test_the_digest_is_of_the_file_loaded_even_when_the_path_is_replaced_meanwhi
     state, sha = checkpoint.load_checkpoint_and_digest(path)
     assert sha == first and torch.equal(state["model"]["w"], torch.full((4,), 1.0))
     assert checkpoint.load_checkpoint(path)["model"]["w"][0] == 2.0  # the path now names the newer file
+
+
+@pytest.mark.parametrize("becomes", ["gone", "folder"])
+def test_a_checkpoint_replaced_between_the_check_and_the_open_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                           becomes: str) -> None:
+    import shutil
+
+    from sciformer.engine import checkpoint
+
+    path = tmp_path / "best.pt"
+    save_checkpoint(path, {"config": {}, "model": {}, "data_info": {"num_classes": 2}})
+    real = checkpoint.regular_file
+
+    def then_replaced(p, what):
+        out = real(p, what)
+        path.unlink()
+        if becomes == "folder":
+            path.mkdir()
+        return out
+
+    monkeypatch.setattr(checkpoint, "regular_file", then_replaced)
+    with pytest.raises(CheckpointError, match="best.pt"):
+        checkpoint.load_checkpoint(path)
+    shutil.rmtree(path, ignore_errors=True)

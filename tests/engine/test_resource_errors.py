@@ -244,3 +244,31 @@ def test_a_loader_that_runs_out_of_open_files_prints_only_its_line(tmp_path: Pat
     assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
     if out.returncode != 0:
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+LATE_IN_EVALUATE = """
+import os, signal, sys, time
+sys.argv[0] = "sciformer"  # the command is the process
+from sciformer import cli
+from sciformer.engine import evaluation
+real = evaluation.format_table
+def signalled_while_printing(*args, **kwargs):  # the set is written; the table is printed, then the lock released
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)
+    return real(*args, **kwargs)
+evaluation.format_table = signalled_while_printing
+sys.exit(cli.main(["evaluate", "--checkpoint", sys.argv[1], "-o", sys.argv[2]]))
+"""
+
+
+def test_a_signal_once_the_evaluation_is_written_leaves_a_finished_command(tmp_path: Path) -> None:
+    """The whole set is written: a SIGTERM then ends neither in exit 130 beside a complete set nor in a left lock."""
+    cfg = _hsi_experiment(tmp_path)
+    cfg.write_text(cfg.read_text().replace("num_workers: 2", "num_workers: 0"))
+    trained = subprocess.run([sys.executable, "-m", "sciformer", "train", "-c", str(cfg), "-o", str(tmp_path / "run")],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert trained.returncode == 0, trained.stderr
+    out = subprocess.run([sys.executable, "-c", LATE_IN_EVALUATE, str(tmp_path / "run"), str(tmp_path / "ev")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env=ENV)
+    assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
+    assert (tmp_path / "ev" / "metrics.json").is_file() and not (tmp_path / "ev" / ".evaluate.lock").exists()
