@@ -78,14 +78,18 @@ def run_chunks(
 ) -> list[R]:
     """Run ``job(ranges_of_worker)`` per worker without autograd; results in worker order.
 
-    With one worker (GPU, one thread, one chunk), or where no worker thread can be started,
-    the job runs in the calling thread.
+    With one worker (GPU, one thread, one chunk) the job runs in the calling thread. Where
+    the worker threads cannot be had (none can be started, or another caller's call replaced
+    the pool), the calling thread runs each worker's share in turn, single-threaded as a
+    worker would: the same parts, so the same sums as the pooled run, bit for bit.
     """
     workers = num_workers(device, len(ranges))
-    pool = _start_pool(workers) if workers > 1 else None
-    if pool is None:
+    if workers == 1:
         with torch.no_grad():
             return [job(ranges)]
+    pool = _start_pool(workers)
+    if pool is None:
+        return _worker_shares_in_turn(job, ranges, workers)
 
     def run(part: list[tuple[int, int]]) -> R:
         with torch.no_grad():  # grad mode is per thread
@@ -99,9 +103,14 @@ def run_chunks(
         except RuntimeError:  # another thread's call replaced the pool meanwhile: this call works alone
             for f in futures:
                 f.result()
-            with torch.no_grad():
-                return [job(ranges)]
+            return _worker_shares_in_turn(job, ranges, workers)
         return [f.result() for f in futures]
+
+
+def _worker_shares_in_turn(job: Callable[[list[tuple[int, int]]], R], ranges: list[tuple[int, int]], workers: int) -> list[R]:
+    """Each worker's share of ``ranges`` run in the calling thread, one after another."""
+    with _single_threaded(), torch.no_grad():
+        return [job(ranges[w::workers]) for w in range(workers)]
 
 
 _count_lock = threading.Lock()

@@ -29,24 +29,23 @@ def step(threads):
     return [y.detach(), xg.grad, *(p.grad.clone() for p in layer.parameters())]
 
 torch.mm(torch.randn(512, 512), torch.randn(512, 512))  # torch's own threads exist from here on
-workers = par.num_workers
-par.num_workers = lambda device, chunks: 1
-alone = step(2)  # the oracle: one chunk worker, the calling thread
-par.num_workers = workers
+pooled = step(2)  # the oracle: two chunk workers in their own threads
+par._pool.shutdown()
+par._pool = None  # the next call must start new threads
 status = open("/proc/self/status").read()
 vm = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
 limited = step(2)  # no 1 GiB thread stack fits in what is left: the chunk workers cannot start
 assert par._pool is None and par.num_workers(x.device, 24) == 2
-assert all(torch.equal(a, b) for a, b in zip(alone, limited))
+assert all(torch.equal(a, b) for a, b in zip(pooled, limited))
 print("same")
 """
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX resource limits")
 def test_workers_that_cannot_be_started_leave_the_chunks_to_the_calling_thread() -> None:
-    """Where no worker thread can be created, forward and backward run in the calling thread
-    and give exactly the one-worker result, instead of waiting forever for the workers."""
+    """Where no worker thread can be created, forward and backward run the workers' shares in
+    the calling thread and give exactly the pooled result, instead of waiting forever for the workers."""
     import resource
 
     def big_stacks() -> None:  # new threads' stacks are sized from this limit, read at start-up
@@ -78,7 +77,7 @@ def test_a_pool_that_failed_to_grow_is_never_handed_out_again(monkeypatch: pytes
         torch.set_num_threads(3)
         real_start = threading.Thread.start
         monkeypatch.setattr(threading.Thread, "start", lambda self: (_ for _ in ()).throw(RuntimeError("can't start new thread")))
-        assert par.run_chunks(job, ranges, torch.device("cpu")) == [8]  # no pool of 3: the calling thread
+        assert par.run_chunks(job, ranges, torch.device("cpu")) == [3, 3, 2]  # no pool of 3: its shares in the calling thread
         monkeypatch.setattr(threading.Thread, "start", real_start)
         torch.set_num_threads(2)
         assert sum(par.run_chunks(job, ranges, torch.device("cpu"))) == 8  # a fresh pool of 2
@@ -87,8 +86,8 @@ def test_a_pool_that_failed_to_grow_is_never_handed_out_again(monkeypatch: pytes
 
 
 def test_chunk_workers_run_their_operations_single_threaded() -> None:
-    """OpenMP keeps one thread count for all threads outside its teams: a worker setting its own
-    had no effect (each ran the process's count, oversubscribing the cores). While the workers
+    """torch's lazy per-thread start gave each worker the process's count, whatever it set
+    before (oversubscribing the cores). While the workers
     run, torch's count is 1 in each of them; afterwards the caller's count is back."""
     import torch
 
@@ -155,4 +154,4 @@ def test_a_pool_shut_down_by_another_caller_leaves_the_call_to_its_own_thread(mo
     monkeypatch.setattr(par, "num_workers", lambda device, chunks: 2)
     monkeypatch.setattr(par, "_start_pool", lambda size: gone)
     parts = par.run_chunks(lambda part: sum(b - a for a, b in part), [(0, 3), (3, 5), (5, 9)], torch.device("cpu"))
-    assert parts == [9]
+    assert parts == [3 + 4, 2]  # the two workers' shares, as the pool would have given them
