@@ -17,7 +17,8 @@ from sciformer.engine.metrics import MIOU_RULE, Scores, finite_or_none, scores_t
 from sciformer.engine.signals import undone_on_abrupt_exit
 from sciformer.utils.atomic import atomic_folder, atomic_write_text, stale_stages
 
-EVALUATION_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "predictions")  # what an evaluation writes (+ exports)
+EVALUATION_TABLES = ("metrics.json", "per_class.csv", "confusion_matrix.csv")  # metrics.json, the finished mark, first
+EVALUATION_FILES = (*EVALUATION_TABLES, "predictions")  # what an evaluation writes (+ exports)
 
 
 def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +79,7 @@ def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names:
 def _remove_set(out_dir: Path, *, predictions: bool) -> None:
     """Remove an incomplete evaluation: its tables where they are files (metrics.json first), and
     ``predictions/`` only when it is this evaluation's (renamed in); nothing else is followed or emptied."""
-    for name in ("metrics.json", "per_class.csv", "confusion_matrix.csv"):
+    for name in EVALUATION_TABLES:
         path = out_dir / name
         with contextlib.suppress(OSError):
             if path.is_symlink() or path.is_file():

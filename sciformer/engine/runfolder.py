@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, holds_pid_only, missing_folders, open_folder_lock, remove_empty_folders
+from sciformer.engine.report import EVALUATION_TABLES
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import temporary_of
 
@@ -282,7 +283,7 @@ def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: st
         raise CheckpointError(f"--resume cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")
 
 
-TEST_RESULT_FILES = ("metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png")  # the finished mark first
+TEST_RESULT_FILES = (*EVALUATION_TABLES, "confusion_matrix.png")  # the finished mark first
 
 
 def retire_test_result(run_dir: Path, log: Any = print) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from sciformer.utils.text import utf8_safe
+
 
 def current_umask() -> int:
     """The process umask (read from ``/proc`` where possible, so it is never changed)."""
@@ -59,11 +61,6 @@ def _fitting(name: str, limit: int) -> str:
     return name if len(raw) <= limit else raw[:max(limit, 1)].decode("utf-8", "ignore")
 
 
-def _utf8_name(name: str) -> str:
-    """``name`` with each byte that is not UTF-8 (a lone surrogate) as ``_``."""
-    return "".join("_" if "\ud800" <= ch <= "\udfff" else ch for ch in name)
-
-
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
     """A temporary sibling ``(fd, tmp)`` of ``path`` (``.<name>.<random>.tmp<suffix>``, the final
@@ -72,8 +69,8 @@ def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     # lower case: np.save / np.savez given "x.NPY" would append ".npy" and write elsewhere
     # a name of bytes that are not UTF-8 gets a UTF-8 temporary: writers such as GDAL take UTF-8 names only
-    suffix = f".tmp{_utf8_name(path.suffix.lower())}"
-    stem = _fitting(_utf8_name(path.name), NAME_MAX - 10 - len(os.fsencode(suffix)))  # '.', '.', 8 random
+    suffix = f".tmp{utf8_safe(path.suffix.lower())}"
+    stem = _fitting(utf8_safe(path.name), NAME_MAX - 10 - len(os.fsencode(suffix)))  # '.', '.', 8 random
     fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffix, dir=path.parent)
     tmp = Path(name)
     try:

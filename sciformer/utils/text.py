@@ -10,7 +10,7 @@ matplotlib can draw, keeping it recognisable::
 
 from __future__ import annotations
 
-__all__ = ["drawable"]
+__all__ = ["drawable", "utf8_safe"]
 
 
 def drawable(text: object) -> str:
@@ -24,3 +24,9 @@ def drawable(text: object) -> str:
     decoded = raw.decode("utf-8", "backslashreplace")
     shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in decoded)
     return shown.replace("$", r"\$")
+
+
+def utf8_safe(name: str) -> str:
+    """``name`` with each byte that is not UTF-8 (a lone surrogate) as ``_``: equal to ``name``
+    exactly when a UTF-8-only consumer (GDAL) can take it."""
+    return "".join("_" if "\ud800" <= ch <= "\udfff" else ch for ch in name)

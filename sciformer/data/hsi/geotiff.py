@@ -34,6 +34,7 @@ import numpy as np
 from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_with
+from sciformer.utils.text import utf8_safe
 
 GEOTIFF_SUFFIXES = (".tif", ".tiff")
 NO_DATA = 0  # unclassified / unlabelled pixel of a map
@@ -52,7 +53,7 @@ def _open(rasterio: Any, path: str | os.PathLike[str]) -> Iterator[Any]:
     """``rasterio.open(path)`` for reading. GDAL takes UTF-8 names only: a path of bytes that
     are not UTF-8 is opened here and given to GDAL by its descriptor's name in ``/proc``
     (read in place, header first), or as an open Python file where there is no ``/proc``."""
-    if not any("\ud800" <= ch <= "\udfff" for ch in os.fspath(path)):
+    if utf8_safe(os.fspath(path)) == os.fspath(path):
         with rasterio.open(path) as src:
             yield src
         return
