@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 
 def _point_kernel(
     name: str, source: str | list[str], extra: list[str] | None = None,
-    extra_depends: list[str] | None = None,
+    extra_depends: list[str] | None = None, link: list[str] | None = None,
 ) -> Extension:
     """An optional float kernel sharing ``sciformer/_kernels.h`` (vectorised loops: fused
     multiply-adds and if-converted comparisons need -ffp-contract=fast -fno-trapping-math)."""
@@ -18,7 +18,7 @@ def _point_kernel(
     depends = ["sciformer/_kernels.h", *(extra_depends or [])]
     sources = [source] if isinstance(source, str) else source
     return Extension(name, sources=sources, depends=depends, language="c++",
-                     extra_compile_args=flags, optional=True)
+                     extra_compile_args=flags, extra_link_args=link or [], optional=True)
 
 
 setup(
@@ -36,9 +36,13 @@ setup(
         ),
         _point_kernel(
             "sciformer.attention._vector_attention",
-            ["sciformer/attention/_vector_attention.cpp", "sciformer/attention/_edge_terms.cpp"],
-            ["-fopenmp-simd"],
+            ["sciformer/attention/_vector_attention.cpp", "sciformer/attention/_edge_terms.cpp",
+             "sciformer/attention/_edge_terms_rows.cpp"],
+            # -fopenmp: the chunk loops run on the OpenMP runtime torch's own threads use (its
+            # libgomp.so.1 is loaded first, and the same soname resolves to it)
+            ["-fopenmp"],
             ["sciformer/attention/_vector_attention_passes.h", "sciformer/attention/_vector_attention_gemm.h"],
+            ["-fopenmp"],
         ),
         _point_kernel("sciformer.pointcloud._edge_select_kernel", "sciformer/pointcloud/_edge_select.cpp"),
     ],

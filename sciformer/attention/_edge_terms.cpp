@@ -365,3 +365,4 @@ SF_CLONES void sf_et_rel_grad_pos(i64 m, i64 k, i64 D, i64 H, const i64* idx,
 }
 
 }  // extern "C"
+

@@ -2,7 +2,9 @@
 
 Each function takes a neighbour index ``idx`` (n, k) into M source rows. For float32 CPU
 tensors it is one call of the compiled library where installed; otherwise torch
-operations over one neighbour slot at a time (memory O((n + M) C)). The ``rel_*``
+operations over one neighbour slot at a time (memory O((n + M) C)). gather_sum, rows_dot,
+row_affine and edge_affine split their rows over torch's intra-op thread count of OpenMP
+threads (``_edge_terms_rows.cpp``; a row's result does not depend on the split). The ``rel_*``
 functions (offsets ``pos[idx_ij] - pos[i]`` recomputed per edge) exist only
 compiled: :mod:`~sciformer.attention._neighborhood_position` checks :func:`compiled`.
 """
@@ -13,6 +15,7 @@ import torch
 from torch import Tensor
 
 from sciformer.attention import _neighborhood_native as native
+from sciformer.attention._neighborhood_parallel import openmp_threads
 from sciformer.utils.native import empty_large, pointer
 
 MAX_DIM = 16  # widest position, offset or hidden dimension the compiled functions take
@@ -21,6 +24,11 @@ MAX_DIM = 16  # widest position, offset or hidden dimension the compiled functio
 def compiled(idx: Tensor | None, *tensors: Tensor) -> bool:
     """Whether the compiled functions apply (see ``_neighborhood_native.usable``)."""
     return native.usable(idx, *tensors)
+
+
+def _threads() -> int:
+    """Threads for the row-wise compiled functions: torch's intra-op count, where they can start."""
+    return openmp_threads(torch.get_num_threads())
 
 
 def gather_sum(X: Tensor, idx: Tensor) -> Tensor:
@@ -33,7 +41,7 @@ def gather_sum(X: Tensor, idx: Tensor) -> Tensor:
     if compiled(idx, X):
         X = X.contiguous()
         out = empty_large(X, (n, X.shape[1]))  # (n, C)
-        native.lib().sf_et_gather_sum(n, k, X.shape[1], *map(pointer, (idx, X, out)))
+        native.lib().sf_et_gather_sum_mt(_threads(), n, k, X.shape[1], *map(pointer, (idx, X, out)))
         return out
     out = X.new_zeros((n, X.shape[1]))  # (n, C)
     for j in range(k):
@@ -70,7 +78,7 @@ def rows_dot(X: Tensor, mX: Tensor | None, WT: Tensor) -> Tensor:
         X, WT = X.contiguous(), WT.contiguous()
         mX = None if mX is None else mX.contiguous()
         out = X.new_empty((r, d))  # (R, d)
-        native.lib().sf_et_rows_dot(r, c, d, *map(pointer, (X, mX, WT, out)))
+        native.lib().sf_et_rows_dot_mt(_threads(), r, c, d, *map(pointer, (X, mX, WT, out)))
         return out
     return (X if mX is None else X - mX) @ WT.t()
 
@@ -105,7 +113,7 @@ def row_affine(
         consts = torch.tensor([0.0 if wxt is not None else wx, 0.0 if wat is not None else wa, ysign, sign], dtype=torch.float32)
         out = empty_large(X, (r, c))  # (R, C)
         args = (X, mX, wxt, wat, Pr, WpT, Y, alpha, beta, consts, out)
-        native.lib().sf_et_row_affine(r, c, d, *map(pointer, args))
+        native.lib().sf_et_row_affine_mt(_threads(), r, c, d, *map(pointer, args))
         return out
     wxr = wx.unsqueeze(1) if isinstance(wx, Tensor) else wx
     war = wa.unsqueeze(1) if isinstance(wa, Tensor) else wa
@@ -152,7 +160,7 @@ def edge_affine(P: Tensor, KW: Tensor, QW: Tensor | None, D: Tensor, c: Tensor, 
         P, KW, D, c = P.contiguous(), KW.contiguous(), D.contiguous(), c.contiguous()
         QW = None if QW is None else QW.contiguous()
         out = empty_large(P, (n, k, d))  # (n, k, d)
-        native.lib().sf_et_edge_affine(n, k, d, *map(pointer, (idx, P, KW, QW, D, c, out)))
+        native.lib().sf_et_edge_affine_mt(_threads(), n, k, d, *map(pointer, (idx, P, KW, QW, D, c, out)))
         return out
     out = (P.reshape(n * k, d) @ D).view(n, k, d) + c  # (n, k, d)
     out += KW[idx]

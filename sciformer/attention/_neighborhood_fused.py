@@ -10,11 +10,12 @@ runs as two autograd functions over chunks of points:
 
 Only (N, k, G) tensors (u and the softmax, G = C / share_planes) are kept between the
 passes; the (N, k, C) ones (gathered keys and values, position encoding, pre-activation)
-are recomputed chunk by chunk in the backward pass. On CPU, chunks are spread over worker
-threads (``_neighborhood_parallel``); per-worker partial sums are added in worker order.
-For float32 CPU tensors each chunk of a stage is one call of ``_neighborhood_native``
-where installed (elementwise passes and matrix products, tile by tile in cache);
-otherwise torch operations run per chunk.
+are recomputed chunk by chunk in the backward pass. On CPU, worker w of T takes chunks w,
+w + T, ...; per-worker partial sums are added in worker order. For float32 CPU tensors a
+stage is one call of ``_neighborhood_native`` where installed: its chunk loop runs on
+the OpenMP threads of torch's own runtime, each chunk through elementwise passes and
+matrix products tile by tile in cache; otherwise torch operations run per chunk in worker
+threads (``_neighborhood_parallel.run_chunks``). Both give the same sums for a given T.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from sciformer.attention._neighborhood_ops import (
     softmax_backward,
     values_with_position,
 )
-from sciformer.attention._neighborhood_parallel import run_chunks, sum_parts
+from sciformer.attention._neighborhood_parallel import num_workers, run_chunks, sum_parts
 from sciformer.utils.native import empty_large
 
 
@@ -44,6 +45,17 @@ def graph_is_freed() -> bool:
     overwritten; False where this torch cannot tell."""
     keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
     return keep is not None and not keep()
+
+
+def _per_worker(like: Tensor, workers: int, wanted: dict[str, tuple[bool, Any]]) -> dict[str, Tensor | None]:
+    """Zeroed accumulators of the compiled chunk loops, one slice per worker (leading dimension
+    ``workers``); None where not wanted. ``wanted``: name -> (wanted, shape of one slice)."""
+    return {name: like.new_zeros((workers, *shape)) if want else None for name, (want, shape) in wanted.items()}
+
+
+def _worker_sums(grads: dict[str, Tensor | None]) -> list[Tensor | None]:
+    """Each accumulator's worker slices added in worker order (as :func:`sum_parts`)."""
+    return [None if t is None else sum_parts(list(t.unbind(0))) for t in grads.values()]
 
 
 class VectorStage1(torch.autograd.Function):
@@ -91,14 +103,6 @@ class VectorStage1(torch.autograd.Function):
             moments = []
             for s, e in part:
                 uc = u[s:e].view(-1, g)  # (m*k, G)
-                if nat:
-                    mom = None
-                    if stats_dtype is not None:
-                        mom = (A.new_empty(g, dtype=torch.float64), A.new_empty(g, dtype=torch.float64))
-                    native.stage1_forward(idx[s:e], A, B[s:e], P[s:e], Wa_t, W1_t, u[s:e], mom)
-                    if mom is not None:
-                        moments.append((uc.shape[0], mom[0].to(stats_dtype), mom[1].to(stats_dtype)))
-                    continue
                 z = relu_pre(ws, A, B, P, Wa_t, idx[s:e], s, e)  # (m*k, C)
                 torch.mm(z, W1_t, out=uc)
                 if stats_dtype is not None:
@@ -108,11 +112,21 @@ class VectorStage1(torch.autograd.Function):
                     moments.append((uc.shape[0], mc.to(stats_dtype), m2.to(stats_dtype)))
             return moments
 
-        parts = run_chunks(job, chunk_ranges(n, chunk), A.device)
+        ranges = chunk_ranges(n, chunk)
+        if nat:  # per-chunk moments in worker order, as run_chunks would give them
+            workers = num_workers(A.device, len(ranges))
+            mom = None
+            if stats_dtype is not None:
+                mom = (A.new_empty((len(ranges), g), dtype=torch.float64), A.new_empty((len(ranges), g), dtype=torch.float64))
+            native.stage1_forward_chunks(idx, chunk, workers, A, B, P, Wa_t, W1_t, u, mom)
+            order = [c for w in range(workers) for c in range(w, len(ranges), workers)]
+            chunks = [] if mom is None else [((e - s) * k, mom[0][c].to(stats_dtype), mom[1][c].to(stats_dtype))
+                                             for c, (s, e) in ((c, ranges[c]) for c in order)]
+        else:
+            chunks = [m for part in run_chunks(job, ranges, A.device) for m in part]
         sdt = stats_dtype or A.dtype
         mean = torch.zeros(g, dtype=sdt, device=A.device)
         var = torch.zeros(g, dtype=sdt, device=A.device)
-        chunks = [m for part in parts for m in part]
         if chunks:  # combine per-chunk moments (Chan et al.)
             counts = torch.tensor([c for c, _, _ in chunks], dtype=sdt, device=A.device)
             means = torch.stack([mc for _, mc, _ in chunks])  # (chunks, G)
@@ -162,12 +176,6 @@ class VectorStage1(torch.autograd.Function):
             for s, e in part:
                 ic = idx[s:e]
                 m = e - s
-                if nat:
-                    grads = {"gW1": gW1, "gA": gA, "gWaT": gWa_t}
-                    grads |= {"gB": None if gB is None else gB[s:e], "gP": None if gP is None else gP[s:e]}
-                    gy = None if grad_u is None else grad_u[s:e]
-                    native.stage1_backward(ic, gy, u[s:e], cv, const, A, B[s:e], P[s:e], Wa_t, W1, grads)
-                    continue
                 gu = ws.get("gu", m * k, g_dim)  # (m*k, G)
                 u_c = u[s:e].view(m * k, g_dim)
                 if grad_u is not None and cv is not None:
@@ -198,8 +206,16 @@ class VectorStage1(torch.autograd.Function):
                     torch.mm(gz, Wa_t.t(), out=gP[s:e].view(m * k, d))
             return gA, gWa_t, gW1
 
-        parts = run_chunks(job, chunk_ranges(n, ctx.chunk), A.device)
-        gA, gWa_t, gW1 = (sum_parts([p[i] for p in parts]) for i in range(3))
+        ranges = chunk_ranges(n, ctx.chunk)
+        if nat:  # one slice per worker of each accumulated gradient, added in worker order
+            workers = num_workers(A.device, len(ranges))
+            grads = _per_worker(A, workers, {"gA": (nA, A.shape), "gWaT": (nWa, (d, c)), "gW1": (nW1, W1.shape)})
+            native.stage1_backward_chunks(idx, ctx.chunk, workers, grad_u, u, cv, const, A, B, P, Wa_t, W1,
+                                          grads | {"gB": gB, "gP": gP})
+            gA, gWa_t, gW1 = _worker_sums(grads)
+        else:
+            parts = run_chunks(job, ranges, A.device)
+            gA, gWa_t, gW1 = (sum_parts([p[i] for p in parts]) for i in range(3))
         gWa = gWa_t.t().contiguous() if gWa_t is not None else None
         return None, None, None, gA, gB, gP, gWa, gW1
 
@@ -283,9 +299,6 @@ class VectorStage2(torch.autograd.Function):
                 ic = idx[s:e]
                 m = e - s
                 p = prob[s:e] if prob is not None else ws.get("p", m, k, g)
-                if nat:
-                    native.stage2_forward(ic, u[s:e], s2, t2, W2_t, V, P[s:e], Wp_t, p, y[s:e])
-                    continue
                 z = torch.addcmul(t2, u[s:e], s2, out=ws.get("z", m, k, g)).relu_()  # (m, k, G)
                 w = torch.mm(z.view(m * k, g), W2_t, out=ws.get("w", m * k, g))
                 torch.ops.aten._softmax.out(w.view(m, k, g), 1, False, out=p)  # (m, k, G)
@@ -296,7 +309,12 @@ class VectorStage2(torch.autograd.Function):
                     vals.view(m, k, sh, g).mul_(p.unsqueeze(2))
                 torch.sum(vals, 1, out=y[s:e])  # (m, C)
 
-        run_chunks(job, chunk_ranges(n, chunk), V.device)
+        ranges = chunk_ranges(n, chunk)
+        if nat:
+            workers = num_workers(V.device, len(ranges))
+            native.stage2_forward_chunks(idx, chunk, workers, u, s2, t2, W2_t, V, P, Wp_t, prob, y)
+        else:
+            run_chunks(job, ranges, V.device)
         y += bp
         ctx.chunk, ctx.native = chunk, nat
         ctx.save_for_backward(idx, u, s2, t2, W2, V, P, Wp, prob)  # prob may be None
@@ -339,11 +357,6 @@ class VectorStage2(torch.autograd.Function):
                 m = e - s
                 p = prob[s:e]  # (m, k, G)
                 gu_c = None if gu is None else gu[s:e]
-                if nat:
-                    grads = {"gV": gV, "gWpT": gWp_t, "gP": None if gP is None else gP[s:e]}
-                    grads |= {"gu": gu_c, "gs2": gs2, "gt2": gt2, "gW2": gW2}
-                    native.stage2_backward(ic, grad_y[s:e], p, V, P[s:e], Wp_t, u[s:e], s2, t2, W2, grads)
-                    continue
                 gy = grad_y[s:e].unsqueeze(1)  # (m, 1, C)
                 if need_v:
                     # gradient of the aggregated values v_j + W_p P_ij: p (broadcast) * dy
@@ -366,7 +379,16 @@ class VectorStage2(torch.autograd.Function):
                     _weight_backward(ws, gw, u[s:e], s2, t2, W2, gW2, gs2, gt2, gu_c)
             return gs2, gt2, gW2, gV, gWp_t
 
-        parts = run_chunks(job, chunk_ranges(n, ctx.chunk), V.device)
-        gs2, gt2, gW2, gV, gWp_t = (sum_parts([p[i] for p in parts]) for i in range(5))
+        ranges = chunk_ranges(n, ctx.chunk)
+        if nat:  # one slice per worker of each accumulated gradient, added in worker order
+            workers = num_workers(V.device, len(ranges))
+            grads = _per_worker(V, workers, {"gs2": (ns2, s2.shape), "gt2": (nt2, t2.shape), "gW2": (nW2, W2.shape),
+                                             "gV": (nV, V.shape), "gWpT": (nWp, (d, c))})
+            native.stage2_backward_chunks(idx, ctx.chunk, workers, grad_y, prob, V, P, Wp_t, u, s2, t2, W2,
+                                          grads | {"gP": gP, "gu": gu})
+            gs2, gt2, gW2, gV, gWp_t = _worker_sums(grads)
+        else:
+            parts = run_chunks(job, ranges, V.device)
+            gs2, gt2, gW2, gV, gWp_t = (sum_parts([p[i] for p in parts]) for i in range(5))
         gWp = gWp_t.t().contiguous() if gWp_t is not None else None
         return None, None, None, gu, gs2, gt2, gW2, gb2, gV, gP, gWp, gbp

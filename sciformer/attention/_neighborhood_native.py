@@ -1,6 +1,6 @@
 """Compiled stages of the fused v1 vector attention, one call per chunk (``_vector_attention.cpp``).
 
-The same library holds the edge sums of ``_edge_terms.cpp`` (wrapped by
+The same library holds the edge sums of ``_edge_terms.cpp`` and ``_edge_terms_rows.cpp`` (wrapped by
 :mod:`~sciformer.attention._edge_terms`); this module loads it and declares every signature.
 
 :mod:`~sciformer.attention._neighborhood_fused` calls these for float32 CPU tensors when
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from sciformer.attention._neighborhood_parallel import openmp_threads
 from sciformer.utils.native import load_library, pointer
 
 enabled = True  # False: always use the torch operations (tests compare both paths)
@@ -30,11 +31,19 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
     "sf_va_stage2_forward": (5, 10),
     "sf_va_stage2_backward": (5, 17),
     "sf_va_stage1_backward": (5, 15),
+    "sf_va_stage1_forward_chunks": (8, 9),
+    "sf_va_stage2_forward_chunks": (8, 10),
+    "sf_va_stage2_backward_chunks": (9, 17),
+    "sf_va_stage1_backward_chunks": (9, 15),
     "sf_va_matmul": (4, 3),
     # _edge_terms.cpp (wrapped by _edge_terms.py)
     "sf_et_gather_sum": (3, 3),
     "sf_et_rows_dot": (3, 4),
     "sf_et_row_affine": (3, 11),
+    "sf_et_gather_sum_mt": (4, 3),  # _edge_terms_rows.cpp: the same, rows split over threads
+    "sf_et_rows_dot_mt": (4, 4),
+    "sf_et_row_affine_mt": (4, 11),
+    "sf_et_edge_affine_mt": (4, 7),
     "sf_et_scatter_rows": (3, 3),
     "sf_et_position_sums": (3, 7),
     "sf_et_edge_affine": (3, 7),
@@ -132,6 +141,75 @@ def stage1_backward(
     lib().sf_va_stage1_backward(
         m, k, c, g, d, *map(pointer, (idx, grad, u, cv, cst, A, B, P, WaT, W1, *outs))
     )
+
+
+def stage1_forward_chunks(
+    idx: Tensor, chunk: int, workers: int, A: Tensor, B: Tensor, P: Tensor, WaT: Tensor,
+    W1t: Tensor, u: Tensor, moments: tuple[Tensor, Tensor] | None,
+) -> None:
+    """:func:`stage1_forward` over all N points in chunks of ``chunk`` points for ``workers``
+    workers (worker w: chunks w, w + workers, ...) on OpenMP threads
+    (:func:`~sciformer.attention._neighborhood_parallel.openmp_threads`; a worker's result
+    does not depend on how many run); chunk c's moments in row c.
+
+    Shapes:
+        idx: (N, k); B: (N, C); P: (N, k, d); u: (N, k, G); moments: (chunks, G) twice;
+        the rest as :func:`stage1_forward`
+    """
+    (n, k), (c, d), g = idx.shape, WaT.shape[::-1], W1t.shape[1]
+    mean, m2 = moments if moments is not None else (None, None)
+    args = (idx, A, B, P, WaT, W1t, u, mean, m2)
+    lib().sf_va_stage1_forward_chunks(n, k, c, g, d, chunk, workers, openmp_threads(workers), *map(pointer, args))
+
+
+def stage2_forward_chunks(
+    idx: Tensor, chunk: int, workers: int, u: Tensor, s2: Tensor, t2: Tensor, W2t: Tensor,
+    V: Tensor, P: Tensor, WpT: Tensor, p: Tensor | None, y: Tensor,
+) -> None:
+    """:func:`stage2_forward` over all N points in chunks on ``workers`` OpenMP threads;
+    ``p=None`` keeps no softmax (a chunk's own buffer per worker).
+
+    Shapes:
+        idx: (N, k); u, p: (N, k, G); P: (N, k, d); y: (N, C); the rest as :func:`stage2_forward`
+    """
+    (n, k), c, g, d = idx.shape, V.shape[1], u.shape[-1], P.shape[-1]
+    args = (idx, u, s2, t2, W2t, V, P, WpT, p, y)
+    lib().sf_va_stage2_forward_chunks(n, k, c, g, d, chunk, workers, openmp_threads(workers), *map(pointer, args))
+
+
+def stage2_backward_chunks(
+    idx: Tensor, chunk: int, workers: int, gy: Tensor, p: Tensor, V: Tensor, P: Tensor,
+    WpT: Tensor, u: Tensor, s2: Tensor, t2: Tensor, W2: Tensor, grads: dict[str, Tensor | None],
+) -> None:
+    """:func:`stage2_backward` over all N points in chunks on ``workers`` OpenMP threads;
+    gV, gWpT, gs2, gt2, gW2 hold one slice per worker (leading dimension ``workers``).
+
+    Shapes:
+        idx: (N, k); gy: (N, C); p, u: (N, k, G); gV: (workers, M, C); gWpT: (workers, d, C);
+        gs2, gt2: (workers, G); gW2: (workers, G, G); gP: (N, k, d); gu: (N, k, G)
+    """
+    (n, k), (m, c), g, d = idx.shape, V.shape, u.shape[-1], P.shape[-1]
+    outs = [grads.get(name) for name in ("gV", "gWpT", "gP", "gu", "gs2", "gt2", "gW2")]
+    args = (idx, gy, p, V, P, WpT, u, s2, t2, W2, *outs)
+    lib().sf_va_stage2_backward_chunks(n, k, c, g, d, m, chunk, workers, openmp_threads(workers), *map(pointer, args))
+
+
+def stage1_backward_chunks(
+    idx: Tensor, chunk: int, workers: int, grad: Tensor | None, u: Tensor, cv: Tensor | None,
+    cst: Tensor | None, A: Tensor, B: Tensor, P: Tensor, WaT: Tensor, W1: Tensor,
+    grads: dict[str, Tensor | None],
+) -> None:
+    """:func:`stage1_backward` over all N points in chunks on ``workers`` OpenMP threads;
+    gW1, gA, gWaT hold one slice per worker (leading dimension ``workers``).
+
+    Shapes:
+        idx: (N, k); grad, u: (N, k, G); B, gB: (N, C); P, gP: (N, k, d);
+        gW1: (workers, G, C); gA: (workers, M, C); gWaT: (workers, d, C)
+    """
+    (n, k), (m, c), d, g = idx.shape, A.shape, WaT.shape[0], W1.shape[0]
+    outs = [grads.get(name) for name in ("gW1", "gA", "gB", "gWaT", "gP")]
+    args = (idx, grad, u, cv, cst, A, B, P, WaT, W1, *outs)
+    lib().sf_va_stage1_backward_chunks(n, k, c, g, d, m, chunk, workers, openmp_threads(workers), *map(pointer, args))
 
 
 def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, out: Tensor | None = None) -> Tensor:

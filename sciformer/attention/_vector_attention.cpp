@@ -13,12 +13,41 @@
 // Shapes: idx (m*k,); A, V, gA, gV (M, C); B, gB (m, C); P, gP (m*k, d); WaT, WpT and
 // their gradients (d, C); W1 (G, C), W1t (C, G); W2, W2t (G, G); u, p, grad, gu (m*k, G);
 // y, gy (m, C); s2, t2, cv, cst (G,).
+//
+// The *_chunks entry points run a stage over all n points, chunk by chunk, for `workers`
+// workers on up to `threads` OpenMP threads (the runtime torch's own intra-op operations
+// use, so no other threads compete with them for the cores; a pool of threads of our own
+// left torch's idle OpenMP threads spinning beside it): worker w takes chunks w,
+// w + workers, ... in order and accumulates into its own slice of each accumulated output
+// (workers x its size), which the caller adds in worker order.
+#include <omp.h>
+
 #include "_vector_attention_passes.h"
 
 namespace {
 
 // Points per tile: about 32k floats (128 KB) of the widest per-edge tensor (C channels).
 i64 tile_points(i64 k, i64 C) { return std::max<i64>(1, 32768 / std::max<i64>(1, C * k)); }
+
+// body(w, c, s, e) for each chunk c = [s, e) of [0, n) (`chunk` points each) that worker w
+// owns: chunks w, w + workers, ... in order, on up to `threads` OpenMP threads. Where fewer
+// threads run than workers (fewer asked for, or granted), a thread runs the shares of
+// several workers one after another, so every worker's result is the same however many
+// threads ran.
+template <class F>
+void over_chunks(i64 n, i64 chunk, i64 workers, i64 threads, F body) {
+    const i64 chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel num_threads(static_cast<int>(std::max<i64>(1, std::min(threads, workers))))
+    {
+        const i64 got = omp_get_num_threads();
+        for (i64 w = omp_get_thread_num(); w < workers; w += got)
+            for (i64 c = w; c < chunks; c += workers) body(w, c, c * chunk, std::min(n, (c + 1) * chunk));
+    }
+}
+
+// p + offset, or null for a null p (outputs the caller does not want).
+template <class T>
+T* at(T* p, i64 offset) { return p == nullptr ? nullptr : p + offset; }
 
 }  // namespace
 
@@ -119,6 +148,64 @@ SF_CLONES void sf_va_stage1_backward(i64 m, i64 k, i64 C, i64 G, i64 d, const i6
                      gB == nullptr ? nullptr : gB + s * C, gP == nullptr ? nullptr : gP + s * k * d);
         if (gWaT != nullptr) matmul_tn_acc(rows, d, C, P + s * k * d, gz.data(), gWaT);  // gz masked
     }
+}
+
+// sf_va_stage1_forward over all n points; the moments of chunk c in row c of mean, m2
+// (chunks x G; skipped when mean is null).
+void sf_va_stage1_forward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 chunk, i64 workers,
+                                 i64 threads, const i64* idx, const float* A, const float* B,
+                                 const float* P, const float* WaT, const float* W1t, float* u,
+                                 double* mean, double* m2) {
+    over_chunks(n, chunk, workers, threads, [&](i64, i64 c, i64 s, i64 e) {
+        sf_va_stage1_forward(e - s, k, C, G, d, idx + s * k, A, B + s * C, P + s * k * d, WaT,
+                             W1t, u + s * k * G, at(mean, c * G), at(m2, c * G));
+    });
+}
+
+// sf_va_stage2_forward over all n points; a null p (no backward pass to come) keeps each
+// chunk's softmax in a buffer of the worker's own.
+void sf_va_stage2_forward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 chunk, i64 workers,
+                                 i64 threads, const i64* idx, const float* u, const float* s2,
+                                 const float* t2, const float* W2t, const float* V,
+                                 const float* P, const float* WpT, float* p, float* y) {
+    over_chunks(n, chunk, workers, threads, [&](i64, i64, i64 s, i64 e) {
+        std::vector<float> own(p == nullptr ? (e - s) * k * G : 0);
+        sf_va_stage2_forward(e - s, k, C, G, d, idx + s * k, u + s * k * G, s2, t2, W2t, V,
+                             P + s * k * d, WpT, p == nullptr ? own.data() : p + s * k * G,
+                             y + s * C);
+    });
+}
+
+// sf_va_stage2_backward over all n points (M source rows); gV, gWpT, gs2, gt2, gW2 per
+// worker (workers x their size).
+void sf_va_stage2_backward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 M, i64 chunk,
+                                  i64 workers, i64 threads, const i64* idx, const float* gy,
+                                  const float* p, const float* V, const float* P, const float* WpT,
+                                  const float* u, const float* s2, const float* t2,
+                                  const float* W2, float* gV, float* gWpT, float* gP, float* gu,
+                                  float* gs2, float* gt2, float* gW2) {
+    over_chunks(n, chunk, workers, threads, [&](i64 w, i64, i64 s, i64 e) {
+        sf_va_stage2_backward(e - s, k, C, G, d, idx + s * k, gy + s * C, p + s * k * G, V,
+                              P + s * k * d, WpT, u + s * k * G, s2, t2, W2, at(gV, w * M * C),
+                              at(gWpT, w * d * C), at(gP, s * k * d), at(gu, s * k * G),
+                              at(gs2, w * G), at(gt2, w * G), at(gW2, w * G * G));
+    });
+}
+
+// sf_va_stage1_backward over all n points (M source rows); gW1, gA, gWaT per worker
+// (workers x their size).
+void sf_va_stage1_backward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 M, i64 chunk,
+                                  i64 workers, i64 threads, const i64* idx, const float* grad,
+                                  const float* u, const float* cv, const float* cst,
+                                  const float* A, const float* B, const float* P,
+                                  const float* WaT, const float* W1, float* gW1, float* gA,
+                                  float* gB, float* gWaT, float* gP) {
+    over_chunks(n, chunk, workers, threads, [&](i64 w, i64, i64 s, i64 e) {
+        sf_va_stage1_backward(e - s, k, C, G, d, idx + s * k, at(grad, s * k * G), u + s * k * G,
+                              cv, cst, A, B + s * C, P + s * k * d, WaT, W1, at(gW1, w * G * C),
+                              at(gA, w * M * C), at(gB, s * C), at(gWaT, w * d * C),
+                              at(gP, s * k * d));
+    });
 }
 
 // C (R x N) = A (R x K) B (K x N), or G += X^T Y (transpose_a: A is X, R x K -> C is K x N);

@@ -12,8 +12,10 @@ _NO_THREADS = r"""
 import resource
 import torch
 from sciformer.attention import PointTransformerLayer
+from sciformer.attention import _neighborhood_native as native
 from sciformer.attention import _neighborhood_parallel as par
 from sciformer.geometry import knn
+native.enabled = {compiled}  # False: the torch operations in the chunk workers' own threads
 torch.manual_seed(0)
 torch.set_num_threads(2)
 x, pos = torch.randn(3000, 32), torch.rand(3000, 3)
@@ -30,10 +32,19 @@ def step(threads):
 
 torch.mm(torch.randn(512, 512), torch.randn(512, 512))  # torch's own threads exist from here on
 pooled = step(2)  # the oracle: two chunk workers in their own threads
-par._pool.shutdown()
+if par._pool is not None:  # the compiled stages start no pool of their own
+    par._pool.shutdown()
 par._pool = None  # the next call must start new threads
-status = open("/proc/self/status").read()
-vm = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+def vm_size():
+    status = open("/proc/self/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+
+import time
+sizes = [vm_size()]
+while len(sizes) < 4 or len(set(sizes[-4:])) > 1:  # the old workers' 1 GiB stacks are unmapped after join returns
+    time.sleep(0.02)
+    sizes.append(vm_size())
+vm = sizes[-1]
 resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
 limited = step(2)  # no 1 GiB thread stack fits in what is left: the chunk workers cannot start
 assert par._pool is None and par.num_workers(x.device, 24) == 2
@@ -43,16 +54,20 @@ print("same")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX resource limits")
-def test_workers_that_cannot_be_started_leave_the_chunks_to_the_calling_thread() -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["torch operations", "compiled stages"])
+def test_workers_that_cannot_be_started_leave_the_chunks_to_the_calling_thread(compiled: bool) -> None:
     """Where no worker thread can be created, forward and backward run the workers' shares in
-    the calling thread and give exactly the pooled result, instead of waiting forever for the workers."""
+    the calling thread and give exactly the pooled result, instead of waiting forever for the
+    workers (torch operations). The compiled stages run on the OpenMP threads torch's own
+    operations started before the limit, and give the same result."""
     import resource
 
     def big_stacks() -> None:  # new threads' stacks are sized from this limit, read at start-up
         resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, resource.getrlimit(resource.RLIMIT_STACK)[1]))
 
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    proc = subprocess.run([sys.executable, "-c", _NO_THREADS], capture_output=True, text=True, preexec_fn=big_stacks,
+    script = _NO_THREADS.replace("{compiled}", str(compiled))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=big_stacks,
                           timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "same", (proc.returncode, proc.stderr[-2000:])
 
