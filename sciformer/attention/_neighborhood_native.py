@@ -36,6 +36,7 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
     "sf_va_stage2_backward_chunks": (9, 17),
     "sf_va_stage1_backward_chunks": (9, 15),
     "sf_va_matmul": (4, 3),
+    "sf_va_wide_products": (1, 1),
     # _edge_terms.cpp (wrapped by _edge_terms.py)
     "sf_et_gather_sum": (3, 3),
     "sf_et_rows_dot": (3, 4),
@@ -210,6 +211,15 @@ def stage1_backward_chunks(
     outs = [grads.get(name) for name in ("gW1", "gA", "gB", "gWaT", "gP")]
     args = (idx, grad, u, cv, cst, A, B, P, WaT, W1, *outs)
     lib().sf_va_stage1_backward_chunks(n, k, c, g, d, m, chunk, workers, openmp_threads(workers), *map(pointer, args))
+
+
+def wide_products(use: bool | None = None) -> bool:
+    """Whether the tile products run on 16-lane (AVX-512) blocks, which they do by default
+    where the CPU is x86-64-v4; ``use=False`` keeps them on 8-lane blocks, ``True`` restores
+    the default (tests compare both)."""
+    active = torch.zeros(1, dtype=torch.int64)
+    lib().sf_va_wide_products(-1 if use is None else int(use), pointer(active))
+    return bool(active.item())
 
 
 def matmul(a: Tensor, b: Tensor, transpose_a: bool = False, out: Tensor | None = None) -> Tensor:

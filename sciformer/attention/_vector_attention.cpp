@@ -208,6 +208,13 @@ void sf_va_stage1_backward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 M, i64 
     });
 }
 
+// Tile products on 16-lane blocks (1, the default, where the CPU is x86-64-v4) or never (0);
+// another mode leaves the setting. *active: whether they are used now.
+void sf_va_wide_products(i64 mode, i64* active) {
+    if (mode == 0 || mode == 1) wide_products = static_cast<int>(mode);
+    *active = use_wide() ? 1 : 0;
+}
+
 // C (R x N) = A (R x K) B (K x N), or G += X^T Y (transpose_a: A is X, R x K -> C is K x N);
 // the products above, exposed for tests against torch.
 SF_CLONES void sf_va_matmul(i64 R, i64 K, i64 N, i64 transpose_a, const float* A,

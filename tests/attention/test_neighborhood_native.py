@@ -45,6 +45,15 @@ def _compiled_enabled_after() -> Iterator[None]:
     native.enabled = True
 
 
+@pytest.fixture(autouse=True, params=["wide products", "8-lane products"])
+def _products(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test with the tile products on 16-lane blocks (where the CPU has AVX-512, the
+    default there) and on 8-lane blocks."""
+    native.wide_products(request.param == "wide products")
+    yield
+    native.wide_products(True)
+
+
 def f64(*ts: Tensor) -> list[Tensor]:
     return [t.double() for t in ts]
 
@@ -127,12 +136,13 @@ def backward2(x: dict[str, Tensor], gy: Tensor, p: Tensor, grads: dict[str, Tens
 
 
 # (R, K, N): R % 6 (row blocks of the product) and K % 6 (those of the transposed one) take
-# every value; N: 16-column panels, an 8-column panel, a padded panel of 4-7 columns, scalar
-# columns; R = 300: row blocks of 64 (four whole, one of 44)
+# every value; N: 64-column panels (16 lanes) with and without a rest, 16-column panels, an
+# 8-column panel, a padded panel of 4-7 columns, scalar columns; R = 300: row blocks of 64
+# (four whole, one of 44)
 @pytest.mark.parametrize(
     "r,kk,n",
     [(1, 1, 1), (2, 5, 3), (3, 64, 8), (4, 6, 16), (5, 3, 24), (6, 2, 70), (7, 64, 64), (13, 3, 1), (300, 64, 70), (300, 7, 24), (10, 1, 31),
-     (9, 32, 4), (300, 4, 5), (11, 5, 12), (7, 2, 20)],
+     (9, 32, 4), (300, 4, 5), (11, 5, 12), (7, 2, 20), (13, 64, 64), (7, 5, 136), (300, 3, 129)],
 )
 def test_matmul_matches_torch(r: int, kk: int, n: int) -> None:
     gen = torch.Generator().manual_seed(r * 10000 + kk * 100 + n)
