@@ -32,6 +32,10 @@ Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradien
                  as sciformer / sciformer-ptv1 with the compiled stages switched off
                  (``_neighborhood_native.enabled = False``: torch operations and BLAS matrix
                  products per chunk), to measure what the compiled stages give in the same run
+  sciformer-narrow
+                 as sciformer with the compiled tile products on 8-lane blocks only
+                 (``_neighborhood_native.wide_products(False)``; the default uses 16-lane
+                 AVX-512 blocks where the CPU is x86-64-v4)
 
 Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
        [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...] [--parts]
@@ -55,7 +59,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-ALL_CASES = ["pyg", "plain", "sciformer", "plain-ptv1", "sciformer-ptv1", "sciformer-torch", "sciformer-ptv1-torch"]
+ALL_CASES = ["pyg", "plain", "sciformer", "plain-ptv1", "sciformer-ptv1", "sciformer-torch", "sciformer-ptv1-torch",
+             "sciformer-narrow"]
 
 
 def _rss_mb() -> float:
@@ -108,9 +113,12 @@ def build_case(case: str, data: str, c: int, chunk: int | None) -> Callable[[], 
     from sciformer.attention import _neighborhood_native
 
     compiled = not case.endswith("-torch")
+    wide = not case.endswith("-narrow")
 
     def step() -> None:
         _neighborhood_native.enabled = compiled
+        if compiled and _neighborhood_native.library() is not None:
+            _neighborhood_native.wide_products(wide)
         x.grad = pos.grad = None
         layer.zero_grad(set_to_none=True)
         layer(*args).backward(grad)
