@@ -310,6 +310,14 @@ COMMANDS = {"train": cmd_train, "pretrain": cmd_pretrain, "evaluate": cmd_evalua
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _run_command(argv)
+    distributed = sys.modules.get("sciformer.engine.distributed")  # not imported: no group joined
+    if distributed is not None and distributed.joined() and Path(sys.argv[0]).name in ENTRY_POINTS:  # a torchrun rank that is the process
+        _end_process(code)  # not through finalization, which gloo's threads can abort (see engine.distributed)
+    return code
+
+
+def _run_command(argv: list[str] | None) -> int:
     try:  # a signal while the parser is built (a second or more on a loaded machine) is one line too
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -378,13 +386,19 @@ def _interrupted_exit() -> int:
     later, and then ends the process by SIGINT (status -2) instead of the code returned."""
     if Path(sys.argv[0]).name not in ENTRY_POINTS:  # a test or a script calling main()
         return 130
+    _end_process(130)
+
+
+def _end_process(code: int) -> NoReturn:
+    """End the process with ``code`` after what a normal exit runs (the exit handlers: logging
+    shutdown, temporary folders; flushed output), without the interpreter's finalization."""
     import atexit
 
-    atexit._run_exitfuncs()  # what a normal exit runs: logging shutdown, temporary folders
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(130)
+    os._exit(code)
 
 
 def _quiet_signals() -> None:

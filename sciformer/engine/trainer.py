@@ -30,7 +30,7 @@ from sciformer.config import Experiment
 from sciformer.engine import builders
 from sciformer.engine.batching import EpochBatchSampler, make_loader
 from sciformer.engine.checkpoint import load_checkpoint, save_checkpoint, without_training_state
-from sciformer.engine.distributed import init_distributed
+from sciformer.engine.distributed import init_distributed, shutdown
 from sciformer.engine.ema import WeightAverage
 from sciformer.engine.evaluation import evaluate_and_export, evaluation_views, reduce_evaluation
 from sciformer.engine.inference import check_split_not_empty
@@ -78,6 +78,7 @@ class Trainer:
         except BaseException:
             if self._lock is not None:
                 self._lock.release()  # and remove the folder if this process created it and nothing was written
+            shutdown(self.dist)  # run_training leaves the group only for a trainer it got
             raise
 
     def _setup(self, log: Any) -> None:

@@ -42,7 +42,7 @@ def _scene(tmp_path: Path, optimizer: str) -> Path:
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # a rank that aborts prints where
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -58,7 +58,7 @@ def test_two_processes_match_one(tmp_path: Path, optimizer: str) -> None:
     assert single.returncode == 0, single.stderr
     assert "'train': 88" in single.stdout  # 5 batches of 15 (8 + 7 per rank) and one of 13 (7 + 6)
     multi = _torchrun(tmp_path, "train", "-c", str(cfg), "-o", "multi")
-    assert multi.returncode == 0, multi.stderr[-3000:]
+    assert multi.returncode == 0, (multi.stdout[-2000:], multi.stderr[-12000:])
     assert multi.stdout.count("test results (ddp)") == 1  # only rank 0 prints
     a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "multi" / "checkpoints" / "last.pt")
@@ -89,3 +89,42 @@ def test_errors_under_torchrun_are_one_line_from_rank_0(tmp_path: Path) -> None:
     assert ours == [f"sciformer train: error: {tmp_path / 'absent.npy'}: file not found"], multi.stderr[-2000:]
     assert "exitcode  : 2" in multi.stderr  # the single-process exit code (torchrun stops the other rank)
     assert not (tmp_path / "multi" / "metrics.json").exists()
+
+
+_ENDING = r"""
+import atexit
+import sys
+
+from sciformer import cli
+from sciformer.engine import distributed
+
+distributed._joined = {joined}  # what init_distributed sets on joining a group
+sys.argv[0] = "__main__.py"  # the command line is the process (python -m sciformer)
+cli._run_command = lambda argv: 3  # the command's exit code
+atexit.register(lambda: print("exit handlers ran", flush=True))
+
+
+class Finalized:
+    def __del__(self) -> None:  # runs when the interpreter finalizes (module globals cleared)
+        print("finalized", flush=True)
+
+
+kept = Finalized()
+code = cli.main([])
+print("main returned", code, flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("joined", [True, False])
+def test_a_rank_ends_through_its_exit_handlers_not_finalization(joined: bool) -> None:
+    """A process that joined a group ends in main with the command's code after its exit
+    handlers, never finalizing the interpreter: there a gloo thread releasing a collective's
+    tensors aborted the process after a complete run (status -6). Other processes return."""
+    proc = subprocess.run([sys.executable, "-c", _ENDING.replace("{joined}", str(joined))], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stdout.splitlines()
+    if joined:
+        assert lines == ["exit handlers ran"]
+    else:
+        assert lines == ["main returned 3", "exit handlers ran", "finalized"]
