@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import sciformer
 from sciformer.errors import SciformerError, resource_failure
+from sciformer.utils.text import print_names_as_bytes
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -313,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     code = _run_command(argv)
     distributed = sys.modules.get("sciformer.engine.distributed")  # not imported: no group joined
     if distributed is not None and distributed.joined() and Path(sys.argv[0]).name in ENTRY_POINTS:  # a torchrun rank that is the process
-        _end_process(code)  # not through finalization, which gloo's threads can abort (see engine.distributed)
+        from sciformer.engine.signals import end_process
+
+        end_process(code)  # not through finalization, which gloo's threads can abort (see engine.distributed)
     return code
 
 
@@ -327,7 +330,7 @@ def _run_command(argv: list[str] | None) -> int:
         return _interrupted_exit()
     if args.command is None:
         return parser.print_help() or 2
-    _print_names_as_bytes()
+    print_names_as_bytes()
     if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
         from sciformer.engine.signals import terminate_as_interrupt
 
@@ -347,15 +350,6 @@ def _run_command(argv: list[str] | None) -> int:
         _quiet_signals()
         _report(args.command, f"error: {what}")
         return exc.exit_code if isinstance(exc, SciformerError) else 2
-
-
-def _print_names_as_bytes() -> None:
-    """Print a file name Python could not decode (lone surrogates) as its own bytes, as ``ls``
-    does, where a strict UTF-8 locale would raise instead."""
-    for stream in (sys.stdout, sys.stderr):
-        if getattr(stream, "errors", None) == "strict":
-            with contextlib.suppress(AttributeError, ValueError, OSError):
-                stream.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
 
 
 ENTRY_POINTS = ("sciformer", "__main__.py", "cli.py")  # sys.argv[0] when sciformer is the process
@@ -386,19 +380,9 @@ def _interrupted_exit() -> int:
     later, and then ends the process by SIGINT (status -2) instead of the code returned."""
     if Path(sys.argv[0]).name not in ENTRY_POINTS:  # a test or a script calling main()
         return 130
-    _end_process(130)
+    from sciformer.engine.signals import end_process
 
-
-def _end_process(code: int) -> NoReturn:
-    """End the process with ``code`` after what a normal exit runs (the exit handlers: logging
-    shutdown, temporary folders; flushed output), without the interpreter's finalization."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(code)
+    end_process(130)
 
 
 def _quiet_signals() -> None:

@@ -8,6 +8,8 @@
   prints ``interrupted`` and exits 130 instead of dying silently.
 - :func:`quiet_signals` ignores further signals while the process reports and exits, so a
   repeated Ctrl-C cannot print a traceback from exit handlers.
+- :func:`end_process` ends the process after its exit handlers, without the interpreter's
+  finalization (used by the command line after an interrupt, and by torchrun ranks).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from sciformer.errors import SciformerError
 
@@ -124,3 +126,16 @@ class StopFlag:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def end_process(code: int) -> NoReturn:
+    """End the process with ``code`` after what a normal exit runs (the exit handlers: logging
+    shutdown, temporary folders; flushed output), without the interpreter's finalization."""
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

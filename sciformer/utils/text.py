@@ -1,4 +1,4 @@
-"""Text drawn into figures: any name a user's files or folders can have, drawn as itself.
+"""Names a user's files or folders can have, drawn into figures and printed as themselves.
 
 A scene, run or class name can hold bytes that are not UTF-8 (Python keeps them as lone
 surrogates), control characters, or ``$`` signs that matplotlib would parse as mathtext
@@ -10,7 +10,10 @@ matplotlib can draw, keeping it recognisable::
 
 from __future__ import annotations
 
-__all__ = ["drawable", "utf8_safe"]
+import contextlib
+import sys
+
+__all__ = ["drawable", "print_names_as_bytes", "utf8_safe"]
 
 
 def drawable(text: object) -> str:
@@ -30,3 +33,12 @@ def utf8_safe(name: str) -> str:
     """``name`` with each byte that is not UTF-8 (a lone surrogate) as ``_``: equal to ``name``
     exactly when a UTF-8-only consumer (GDAL) can take it."""
     return "".join("_" if "\ud800" <= ch <= "\udfff" else ch for ch in name)
+
+
+def print_names_as_bytes() -> None:
+    """Print a file name Python could not decode (lone surrogates) as its own bytes, as ``ls``
+    does, where a strict UTF-8 locale would raise instead (stdout and stderr)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict":
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
