@@ -52,8 +52,8 @@ def pointer(tensor: Any) -> int | None:
 def empty_large(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``like.new_empty(shape)``; a CPU block of 2 MiB or more starts on a 2 MiB boundary and
     is advised onto transparent huge pages, so that its first fill takes one page fault per
-    2 MiB instead of one per 4 KiB, and one of 32 MiB or more is reused across training
-    steps instead of faulted in and zeroed again each step (both
+    2 MiB instead of one per 4 KiB, and is reused across training steps instead of
+    faulted in and zeroed again each step (both
     :mod:`~sciformer.utils.block_cache`; a point layer allocates tens of MB of per-edge
     tensors per step)."""
     nbytes = math.prod(shape) * like.element_size()

@@ -192,6 +192,20 @@ def test_empty_large_reuses_the_block_of_a_freed_tensor(monkeypatch: pytest.Monk
     assert d.dtype == torch.float64 and d.data_ptr() not in (pa, b.data_ptr())  # both in use
 
 
+@pytest.mark.parametrize("mib", [2, 3, 31])
+def test_the_default_cache_reuses_blocks_from_2_mib(mib: int) -> None:
+    """Blocks of 2 MiB and more are kept (glibc's heap gave such blocks back to the system
+    between steps too, and each step faulted them in again); smaller ones are not."""
+    cache = BlockCache()
+    a = cache.take(mib * MB)
+    pa = a.data_ptr()
+    del a
+    assert cache.take(mib * MB).data_ptr() == pa
+    assert cache.cached_bytes()[0] == -(-mib * MB // ALIGN) * ALIGN
+    small = cache.take(ALIGN - 1)
+    assert small.numel() == ALIGN - 1 and cache.cached_bytes()[0] == -(-mib * MB // ALIGN) * ALIGN  # not kept
+
+
 @pytest.mark.parametrize("keep", ["untyped_storage", "storage"])
 def test_a_kept_storage_object_keeps_its_block_in_use(cache: BlockCache, keep: str) -> None:
     a = cache.take(4 * MB)
