@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from sciformer.errors import SciformerError
 
-_joined = False  # this process joined a process group (init_distributed)
+_joined = False  # this process joined a process group; unlike dist.is_initialized(), still True after destroy_process_group
 
 
 def joined() -> bool:

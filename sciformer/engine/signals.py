@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -132,7 +133,6 @@ def end_process(code: int) -> NoReturn:
     """End the process with ``code`` after what a normal exit runs (the exit handlers: logging
     shutdown, temporary folders; flushed output), without the interpreter's finalization."""
     import atexit
-    import sys
 
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
