@@ -140,12 +140,12 @@ SF_AI void edge_affine(i64 m, i64 k, i64 d_rt, const i64* idx, const float* P, c
 }
 
 template <int FD>
-SF_AI void rel_moments(i64 m, i64 k, i64 d_rt, const i64* idx, const float* pos,
+SF_AI void rel_moments(i64 m, i64 k, i64 d_rt, i64 i0, const i64* idx, const float* pos,
                        const double* shift, double* sum, double* cross) {
     const i64 D = SF_DIM(FD, d_rt);
     double r[16], s[16] = {}, x[256] = {};
     for (i64 i = 0; i < m; ++i) {
-        const float* q = pos + i * D;
+        const float* q = pos + (i0 + i) * D;
         for (i64 j = 0; j < k; ++j) {
             const float* p = pos + idx[i * k + j] * D;
             for (i64 t = 0; t < D; ++t) {
@@ -170,11 +170,11 @@ SF_AI void offset(i64 D, const float* p, const float* q, float* r) {
 }
 
 template <int FD, int FH>
-SF_AI void rel_linear_relu(i64 m, i64 k, i64 d_rt, i64 h_rt, const i64* idx,
+SF_AI void rel_linear_relu(i64 m, i64 k, i64 d_rt, i64 h_rt, i64 i0, const i64* idx,
                            const float* pos, const float* WT, const float* b, float* out) {
     const i64 D = SF_DIM(FD, d_rt), H = SF_DIM(FH, h_rt);
     for (i64 i = 0; i < m; ++i) {
-        const float* q = pos + i * D;
+        const float* q = pos + (i0 + i) * D;
         for (i64 j = 0; j < k; ++j) {
             const i64 e = i * k + j;
             float r[16];
@@ -189,12 +189,12 @@ SF_AI void rel_linear_relu(i64 m, i64 k, i64 d_rt, i64 h_rt, const i64* idx,
 }
 
 template <int FD, int FH>
-SF_AI void rel_grad_params(i64 m, i64 k, i64 d_rt, i64 h_rt, const i64* idx,
+SF_AI void rel_grad_params(i64 m, i64 k, i64 d_rt, i64 h_rt, i64 i0, const i64* idx,
                            const float* pos, const float* out, const float* gout, double* gWT,
                            double* gb) {
     const i64 D = SF_DIM(FD, d_rt), H = SF_DIM(FH, h_rt);
     for (i64 i = 0; i < m; ++i) {
-        const float* q = pos + i * D;
+        const float* q = pos + (i0 + i) * D;
         float gw[256] = {}, gbi[16] = {};  // this point's k edges in float, then double
         for (i64 j = 0; j < k; ++j) {
             const i64 e = i * k + j;
@@ -214,12 +214,12 @@ SF_AI void rel_grad_params(i64 m, i64 k, i64 d_rt, i64 h_rt, const i64* idx,
 }
 
 template <int FD, int FH>
-SF_AI void rel_grad_pos(i64 m, i64 k, i64 d_rt, i64 h_rt, const i64* idx,
+SF_AI void rel_grad_pos(i64 m, i64 k, i64 d_rt, i64 h_rt, i64 i0, const i64* idx,
                         const float* pos, const float* out, const float* gout, const float* W,
                         const float* gm, const float* Gs, const float* mean, float* gpos) {
     const i64 D = SF_DIM(FD, d_rt), H = SF_DIM(FH, h_rt);
     for (i64 i = 0; i < m; ++i) {
-        const float* q = pos + i * D;
+        const float* q = pos + (i0 + i) * D;
         float gq[16] = {};
         for (i64 j = 0; j < k; ++j) {
             const i64 e = i * k + j;
@@ -244,7 +244,7 @@ SF_AI void rel_grad_pos(i64 m, i64 k, i64 d_rt, i64 h_rt, const i64* idx,
                 gq[t] += gr[t];
             }
         }
-        float* gqr = gpos + i * D;
+        float* gqr = gpos + (i0 + i) * D;
         for (i64 t = 0; t < D; ++t) gqr[t] -= gq[t];
     }
 }
@@ -329,39 +329,42 @@ SF_CLONES void sf_et_edge_affine(i64 m, i64 k, i64 d, const i64* idx, const floa
     SF_D3(edge_affine, d, m, k, d, idx, P, KW, QW, D, c, out);
 }
 
+// The rel_* functions take the queries i0, ..., i0 + m - 1 (rows of pos; idx, out and gout
+// start at query i0, pos and gpos are whole), so that threads can split the queries.
+
 // With r = pos[idx[i, j]] - pos[i] - shift: sum += r and cross += r r^T (double, acc;
 // cross may be null). Shapes: pos (M, D); shift, sum (D,); cross (D, D).
-SF_CLONES void sf_et_rel_moments(i64 m, i64 k, i64 D, const i64* idx,
+SF_CLONES void sf_et_rel_moments(i64 m, i64 k, i64 D, i64 i0, const i64* idx,
                                  const float* pos, const double* shift, double* sum,
                                  double* cross) {
-    SF_D3(rel_moments, D, m, k, D, idx, pos, shift, sum, cross);
+    SF_D3(rel_moments, D, m, k, D, i0, idx, pos, shift, sum, cross);
 }
 
 // out_ij = ReLU(r_ij WT + b) (set) with r_ij = pos[idx[i, j]] - pos[i].
 // Shapes: pos (M, D); WT (D, H); b (H,); out (m*k, H).
-SF_CLONES void sf_et_rel_linear_relu(i64 m, i64 k, i64 D, i64 H, const i64* idx,
+SF_CLONES void sf_et_rel_linear_relu(i64 m, i64 k, i64 D, i64 H, i64 i0, const i64* idx,
                                      const float* pos, const float* WT, const float* b,
                                      float* out) {
-    SF_DH3(rel_linear_relu, D, H, m, k, D, H, idx, pos, WT, b, out);
+    SF_DH3(rel_linear_relu, D, H, m, k, D, H, i0, idx, pos, WT, b, out);
 }
 
 // Weight gradients of out = ReLU(r WT + b): with gh = gout where out > 0 (else 0),
 // gWT += r^T gh and gb += sum of gh (double, acc). Shapes: out, gout (m*k, H); gWT (D, H).
-SF_CLONES void sf_et_rel_grad_params(i64 m, i64 k, i64 D, i64 H, const i64* idx,
+SF_CLONES void sf_et_rel_grad_params(i64 m, i64 k, i64 D, i64 H, i64 i0, const i64* idx,
                                      const float* pos, const float* out, const float* gout,
                                      double* gWT, double* gb) {
-    SF_DH3(rel_grad_params, D, H, m, k, D, H, idx, pos, out, gout, gWT, gb);
+    SF_DH3(rel_grad_params, D, H, m, k, D, H, i0, idx, pos, out, gout, gWT, gb);
 }
 
 // Gradient of the offsets, scattered to positions: gr = gh W + gm + Gs (r - mean) with gh
 // as above (gm, Gs, mean null: no moments term); gpos[idx[i, j]] += gr and
 // gpos[i] -= gr (acc).
 // Shapes: pos, gpos (M, D); W (H, D); gm, mean (D,); Gs (D, D).
-SF_CLONES void sf_et_rel_grad_pos(i64 m, i64 k, i64 D, i64 H, const i64* idx,
+SF_CLONES void sf_et_rel_grad_pos(i64 m, i64 k, i64 D, i64 H, i64 i0, const i64* idx,
                                   const float* pos, const float* out, const float* gout,
                                   const float* W, const float* gm, const float* Gs,
                                   const float* mean, float* gpos) {
-    SF_DH3(rel_grad_pos, D, H, m, k, D, H, idx, pos, out, gout, W, gm, Gs, mean, gpos);
+    SF_DH3(rel_grad_pos, D, H, m, k, D, H, i0, idx, pos, out, gout, W, gm, Gs, mean, gpos);
 }
 
 }  // extern "C"

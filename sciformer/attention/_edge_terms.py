@@ -6,7 +6,10 @@ operations over one neighbour slot at a time (memory O((n + M) C)). gather_sum, 
 row_affine and edge_affine split their rows over torch's intra-op thread count of OpenMP
 threads (``_edge_terms_rows.cpp``; a row's result does not depend on the split). The ``rel_*``
 functions (offsets ``pos[idx_ij] - pos[i]`` recomputed per edge) exist only
-compiled: :mod:`~sciformer.attention._neighborhood_position` checks :func:`compiled`.
+compiled: :mod:`~sciformer.attention._neighborhood_position` checks :func:`compiled`. They
+and position_sums split their queries over the same threads too; their sums over all
+edges and scatters to sources go through one buffer per range, added in range order (the
+same result for the same thread count).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 from torch import Tensor
 
 from sciformer.attention import _neighborhood_native as native
-from sciformer.attention._neighborhood_parallel import openmp_threads
+from sciformer.attention._neighborhood_parallel import openmp_threads, ranges_and_threads
 from sciformer.utils.native import empty_large, pointer
 
 MAX_DIM = 16  # widest position, offset or hidden dimension the compiled functions take
@@ -139,7 +142,7 @@ def position_sums(P: Tensor, mP: Tensor, idx: Tensor, num_sources: int, sdt: tor
         gram = P.new_zeros((d, d), dtype=sdt)
         total = P.new_zeros(d, dtype=sdt)
         args = (idx, P, mP, pscat, psum, gram, total)
-        native.lib().sf_et_position_sums(n, k, d, *map(pointer, args))
+        native.lib().sf_et_position_sums_mt(*ranges_and_threads(), n, k, d, num_sources, *map(pointer, args))
         return pscat, psum, gram, total
     Pc = (P - mP).reshape(n * k, d)  # (n*k, d)
     pscat.index_add_(0, idx.reshape(-1), Pc)
@@ -180,7 +183,7 @@ def rel_moments(pos: Tensor, idx: Tensor, shift: Tensor, cross: bool) -> tuple[T
     s = pos.new_zeros(dim, dtype=torch.float64)
     x = pos.new_zeros((dim, dim), dtype=torch.float64) if cross else None
     shift = shift.contiguous()  # kept alive through the call
-    native.lib().sf_et_rel_moments(n, k, dim, *map(pointer, (idx, pos, shift, s, x)))
+    native.lib().sf_et_rel_moments_mt(*ranges_and_threads(), n, k, dim, *map(pointer, (idx, pos, shift, s, x)))
     return s, x
 
 
@@ -193,7 +196,7 @@ def rel_linear_relu(pos: Tensor, idx: Tensor, WT: Tensor, b: Tensor) -> Tensor:
     (n, k), (dim, h) = idx.shape, WT.shape
     out = empty_large(pos, (n, k, h))  # (n, k, H)
     WT, b = WT.contiguous(), b.contiguous()  # kept alive through the call
-    native.lib().sf_et_rel_linear_relu(n, k, dim, h, *map(pointer, (idx, pos, WT, b, out)))
+    native.lib().sf_et_rel_linear_relu_mt(_threads(), n, k, dim, h, *map(pointer, (idx, pos, WT, b, out)))
     return out
 
 
@@ -207,7 +210,7 @@ def rel_grad_params(pos: Tensor, idx: Tensor, out: Tensor, gout: Tensor) -> tupl
     gWT = pos.new_zeros((dim, h), dtype=torch.float64)
     gb = pos.new_zeros(h, dtype=torch.float64)
     gout = gout.contiguous()  # kept alive through the call
-    native.lib().sf_et_rel_grad_params(n, k, dim, h, *map(pointer, (idx, pos, out, gout, gWT, gb)))
+    native.lib().sf_et_rel_grad_params_mt(*ranges_and_threads(), n, k, dim, h, *map(pointer, (idx, pos, out, gout, gWT, gb)))
     return gWT, gb
 
 
@@ -231,5 +234,5 @@ def rel_grad_pos(
     gpos = torch.zeros_like(pos)  # (M, D)
     ts = [t.contiguous() for t in (gout, W)]  # kept alive through the call
     ms = [None, None, None] if moments is None else [t.contiguous() for t in moments]
-    native.lib().sf_et_rel_grad_pos(n, k, dim, h, *map(pointer, (idx, pos, out, *ts, *ms, gpos)))
+    native.lib().sf_et_rel_grad_pos_mt(*ranges_and_threads(), n, k, dim, h, pos.shape[0], *map(pointer, (idx, pos, out, *ts, *ms, gpos)))
     return gpos

@@ -1,9 +1,13 @@
-// The row-wise edge sums of _edge_terms.cpp over their rows split between OpenMP threads
-// (float32, CPU; linked into the _vector_attention library). The threads are those of the
-// runtime torch's own operations use; each takes one equal range of rows and calls the
-// function of _edge_terms.cpp on it, so a row's result does not depend on the split.
-// Shapes as in _edge_terms.cpp.
+// The edge sums of _edge_terms.cpp over their rows split between OpenMP threads (float32,
+// CPU; linked into the _vector_attention library). The threads are those of the runtime
+// torch's own operations use; each takes one equal range of rows and calls the function of
+// _edge_terms.cpp on it, so a row's result does not depend on the split. Sums over all
+// rows (moments, weight gradients) and scatters to source rows go to one zeroed buffer per
+// range, added into the output in range order afterwards: the same result for the same
+// number of ranges, which `workers` sets, however many threads ran them (one range: the
+// function itself). Shapes as in _edge_terms.cpp.
 #include <algorithm>
+#include <vector>
 
 #include "../_kernels.h"
 
@@ -16,15 +20,32 @@ void sf_et_row_affine(i64 R, i64 C, i64 d, const float* X, const float* mX, cons
                       const float* alpha, const float* beta, const float* consts, float* out);
 void sf_et_edge_affine(i64 m, i64 k, i64 d, const i64* idx, const float* P, const float* KW,
                        const float* QW, const float* D, const float* c, float* out);
+void sf_et_position_sums(i64 m, i64 k, i64 d, const i64* idx, const float* P, const float* mP,
+                         float* pscat, float* psum, double* gram, double* total);
+void sf_et_rel_moments(i64 m, i64 k, i64 D, i64 i0, const i64* idx, const float* pos,
+                       const double* shift, double* sum, double* cross);
+void sf_et_rel_linear_relu(i64 m, i64 k, i64 D, i64 H, i64 i0, const i64* idx,
+                           const float* pos, const float* WT, const float* b, float* out);
+void sf_et_rel_grad_params(i64 m, i64 k, i64 D, i64 H, i64 i0, const i64* idx,
+                           const float* pos, const float* out, const float* gout, double* gWT,
+                           double* gb);
+void sf_et_rel_grad_pos(i64 m, i64 k, i64 D, i64 H, i64 i0, const i64* idx, const float* pos,
+                        const float* out, const float* gout, const float* W, const float* gm,
+                        const float* Gs, const float* mean, float* gpos);
 }
 
 namespace {
 
-// call(s, e) for rows [0, m) split into `threads` equal ranges, one per OpenMP thread (the
-// runtime torch's own operations use); one range in the calling thread below 2^18 values.
+// Ranges for m rows of `values` values in all: up to `threads`, one below 2^18 values.
+i64 ranges_for(i64 m, i64 values, i64 threads) {
+    return values >= (i64{1} << 18) ? std::max<i64>(1, std::min(threads, m)) : 1;
+}
+
+// call(s, e) for rows [0, m) split into equal ranges (ranges_for), one per OpenMP thread
+// (the runtime torch's own operations use); one range runs in the calling thread.
 template <class F>
 void by_rows(i64 m, i64 values, i64 threads, F call) {
-    const i64 t = values >= (i64{1} << 18) ? std::max<i64>(1, std::min(threads, m)) : 1;
+    const i64 t = ranges_for(m, values, threads);
     if (t == 1) {
         call(0, m);
         return;
@@ -35,6 +56,26 @@ void by_rows(i64 m, i64 values, i64 threads, F call) {
 
 template <class T>
 T* at(T* p, i64 offset) { return p == nullptr ? nullptr : p + offset; }
+
+// call(w, s, e, part) for the t ranges w = [s, e) of [0, m) on up to `threads` OpenMP
+// threads (a thread runs several ranges in turn where fewer run), part: range w's zeroed
+// buffer of `size` values; the t buffers, in range order.
+template <class T, class F>
+std::vector<T> partial_sums(i64 m, i64 t, i64 threads, i64 size, F call) {
+    std::vector<T> parts(t * size, T{0});
+#pragma omp parallel for num_threads(static_cast<int>(std::max<i64>(1, std::min(threads, t)))) schedule(static, 1)
+    for (i64 w = 0; w < t; ++w) call(w, m * w / t, m * (w + 1) / t, parts.data() + w * size);
+    return parts;
+}
+
+// out[x] += part_w[offset + x] for x < count, w = 0, 1, ... in order (null out: nothing).
+template <class T>
+void add_parts(const std::vector<T>& parts, i64 size, i64 offset, i64 count, T* out) {
+    if (out == nullptr) return;
+    const i64 t = static_cast<i64>(parts.size()) / size;
+    for (i64 w = 0; w < t; ++w)
+        for (i64 x = 0; x < count; ++x) out[x] += parts[w * size + offset + x];
+}
 
 }  // namespace
 
@@ -71,6 +112,68 @@ void sf_et_edge_affine_mt(i64 threads, i64 m, i64 k, i64 d, const i64* idx, cons
         sf_et_edge_affine(e - s, k, d, idx + s * k, P + s * k * d, KW, at(QW, s * d), D, c,
                           out + s * k * d);
     });
+}
+
+void sf_et_rel_linear_relu_mt(i64 threads, i64 m, i64 k, i64 D, i64 H, const i64* idx,
+                              const float* pos, const float* WT, const float* b, float* out) {
+    by_rows(m, m * k * H, threads, [&](i64 s, i64 e) {
+        sf_et_rel_linear_relu(e - s, k, D, H, s, idx + s * k, pos, WT, b, out + s * k * H);
+    });
+}
+
+void sf_et_rel_moments_mt(i64 workers, i64 threads, i64 m, i64 k, i64 D, const i64* idx,
+                          const float* pos, const double* shift, double* sum, double* cross) {
+    const i64 t = ranges_for(m, m * k * D, workers), size = D + D * D;  // sum, cross
+    if (t == 1) return sf_et_rel_moments(m, k, D, 0, idx, pos, shift, sum, cross);
+    const auto parts = partial_sums<double>(m, t, threads, size, [&](i64, i64 s, i64 e, double* p) {
+        sf_et_rel_moments(e - s, k, D, s, idx + s * k, pos, shift, p, cross == nullptr ? nullptr : p + D);
+    });
+    add_parts(parts, size, 0, D, sum);
+    add_parts(parts, size, D, D * D, cross);
+}
+
+void sf_et_rel_grad_params_mt(i64 workers, i64 threads, i64 m, i64 k, i64 D, i64 H,
+                              const i64* idx, const float* pos, const float* out,
+                              const float* gout, double* gWT, double* gb) {
+    const i64 t = ranges_for(m, m * k * H, workers), size = D * H + H;  // gWT, gb
+    if (t == 1) return sf_et_rel_grad_params(m, k, D, H, 0, idx, pos, out, gout, gWT, gb);
+    const auto parts = partial_sums<double>(m, t, threads, size, [&](i64, i64 s, i64 e, double* p) {
+        sf_et_rel_grad_params(e - s, k, D, H, s, idx + s * k, pos, out + s * k * H,
+                              gout + s * k * H, p, p + D * H);
+    });
+    add_parts(parts, size, 0, D * H, gWT);
+    add_parts(parts, size, D * H, H, gb);
+}
+
+// M rows of pos and gpos.
+void sf_et_rel_grad_pos_mt(i64 workers, i64 threads, i64 m, i64 k, i64 D, i64 H, i64 M,
+                           const i64* idx, const float* pos, const float* out,
+                           const float* gout, const float* W, const float* gm, const float* Gs,
+                           const float* mean, float* gpos) {
+    const i64 t = ranges_for(m, m * k * H, workers);
+    if (t == 1) return sf_et_rel_grad_pos(m, k, D, H, 0, idx, pos, out, gout, W, gm, Gs, mean, gpos);
+    const auto parts = partial_sums<float>(m, t, threads, M * D, [&](i64, i64 s, i64 e, float* p) {
+        sf_et_rel_grad_pos(e - s, k, D, H, s, idx + s * k, pos, out + s * k * H, gout + s * k * H,
+                           W, gm, Gs, mean, p);
+    });
+    add_parts(parts, M * D, 0, M * D, gpos);
+}
+
+// M rows of pscat.
+void sf_et_position_sums_mt(i64 workers, i64 threads, i64 m, i64 k, i64 d, i64 M,
+                            const i64* idx, const float* P, const float* mP, float* pscat,
+                            float* psum, double* gram, double* total) {
+    const i64 t = ranges_for(m, m * k * d, workers);
+    if (t == 1) return sf_et_position_sums(m, k, d, idx, P, mP, pscat, psum, gram, total);
+    const i64 size = d * d + d;  // gram, total
+    std::vector<float> scat(t * M * d, 0.0f);  // pscat per range
+    const auto parts = partial_sums<double>(m, t, threads, size, [&](i64 w, i64 s, i64 e, double* p) {
+        sf_et_position_sums(e - s, k, d, idx + s * k, P + s * k * d, mP, scat.data() + w * M * d,
+                            psum + s * d, p, p + d * d);
+    });
+    add_parts(parts, size, 0, d * d, gram);
+    add_parts(parts, size, d * d, d, total);
+    add_parts(scat, M * d, 0, M * d, pscat);
 }
 
 }  // extern "C"

@@ -11,7 +11,9 @@ runs as two autograd functions over chunks of points:
 Only (N, k, G) tensors (u and the softmax, G = C / share_planes) are kept between the
 passes; the (N, k, C) ones (gathered keys and values, position encoding, pre-activation)
 are recomputed chunk by chunk in the backward pass. On CPU, worker w of T takes chunks w,
-w + T, ...; per-worker partial sums are added in worker order. For float32 CPU tensors a
+w + T, ... of a backward pass; per-worker partial sums are added in worker order (the
+compiled forward passes sum nothing across chunks: their threads take chunks as they
+come free). For float32 CPU tensors a
 stage is one call of ``_neighborhood_native`` where installed: its chunk loop runs on
 the OpenMP threads of torch's own runtime, each chunk through elementwise passes and
 matrix products tile by tile in cache; otherwise torch operations run per chunk in worker

@@ -48,10 +48,15 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
     "sf_et_scatter_rows": (3, 3),
     "sf_et_position_sums": (3, 7),
     "sf_et_edge_affine": (3, 7),
-    "sf_et_rel_moments": (3, 5),
-    "sf_et_rel_linear_relu": (4, 5),
-    "sf_et_rel_grad_params": (4, 6),
-    "sf_et_rel_grad_pos": (4, 9),
+    "sf_et_rel_moments": (4, 5),
+    "sf_et_rel_linear_relu": (5, 5),
+    "sf_et_rel_grad_params": (5, 6),
+    "sf_et_rel_grad_pos": (5, 9),
+    "sf_et_position_sums_mt": (6, 7),  # the same, queries split over threads, sums per range
+    "sf_et_rel_moments_mt": (5, 5),
+    "sf_et_rel_linear_relu_mt": (5, 5),
+    "sf_et_rel_grad_params_mt": (6, 6),
+    "sf_et_rel_grad_pos_mt": (7, 9),
 }
 
 
@@ -148,10 +153,11 @@ def stage1_forward_chunks(
     idx: Tensor, chunk: int, workers: int, A: Tensor, B: Tensor, P: Tensor, WaT: Tensor,
     W1t: Tensor, u: Tensor, moments: tuple[Tensor, Tensor] | None,
 ) -> None:
-    """:func:`stage1_forward` over all N points in chunks of ``chunk`` points for ``workers``
-    workers (worker w: chunks w, w + workers, ...) on OpenMP threads
-    (:func:`~sciformer.attention._neighborhood_parallel.openmp_threads`; a worker's result
-    does not depend on how many run); chunk c's moments in row c.
+    """:func:`stage1_forward` over all N points in chunks of ``chunk`` points on up to
+    ``workers`` OpenMP threads
+    (:func:`~sciformer.attention._neighborhood_parallel.openmp_threads`), each taking the next
+    chunk as it finishes one (no output depends on which thread ran a chunk); chunk c's
+    moments in row c.
 
     Shapes:
         idx: (N, k); B: (N, C); P: (N, k, d); u: (N, k, G); moments: (chunks, G) twice;
@@ -167,8 +173,9 @@ def stage2_forward_chunks(
     idx: Tensor, chunk: int, workers: int, u: Tensor, s2: Tensor, t2: Tensor, W2t: Tensor,
     V: Tensor, P: Tensor, WpT: Tensor, p: Tensor | None, y: Tensor,
 ) -> None:
-    """:func:`stage2_forward` over all N points in chunks on ``workers`` OpenMP threads;
-    ``p=None`` keeps no softmax (a chunk's own buffer per worker).
+    """:func:`stage2_forward` over all N points in chunks on up to ``workers`` OpenMP threads,
+    each taking the next chunk as it finishes one; ``p=None`` keeps no softmax (a chunk's own
+    buffer).
 
     Shapes:
         idx: (N, k); u, p: (N, k, G); P: (N, k, d); y: (N, C); the rest as :func:`stage2_forward`

@@ -96,6 +96,14 @@ def openmp_threads(count: int) -> int:
     return count
 
 
+def ranges_and_threads() -> tuple[int, int]:
+    """Row ranges of a compiled pass that sums over rows (one per intra-op thread; they set
+    its result) and the OpenMP threads that run them (fewer where no more can start: the
+    result is the same)."""
+    workers = torch.get_num_threads()
+    return workers, openmp_threads(workers)
+
+
 def num_workers(device: torch.device, num_chunks: int) -> int:
     """Workers for ``num_chunks`` chunks: intra-op thread count on CPU, else 1."""
     if device.type != "cpu" or num_chunks < 2:

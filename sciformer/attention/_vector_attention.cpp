@@ -14,12 +14,15 @@
 // their gradients (d, C); W1 (G, C), W1t (C, G); W2, W2t (G, G); u, p, grad, gu (m*k, G);
 // y, gy (m, C); s2, t2, cv, cst (G,).
 //
-// The *_chunks entry points run a stage over all n points, chunk by chunk, for `workers`
-// workers on up to `threads` OpenMP threads (the runtime torch's own intra-op operations
-// use, so no other threads compete with them for the cores; a pool of threads of our own
-// left torch's idle OpenMP threads spinning beside it): worker w takes chunks w,
-// w + workers, ... in order and accumulates into its own slice of each accumulated output
-// (workers x its size), which the caller adds in worker order.
+// The *_chunks entry points run a stage over all n points, chunk by chunk, on up to
+// `threads` OpenMP threads (the runtime torch's own intra-op operations use, so no other
+// threads compete with them for the cores; a pool of threads of our own left torch's idle
+// OpenMP threads spinning beside it). The backward passes run `workers` workers: worker w
+// takes chunks w, w + workers, ... in order and accumulates into its own slice of each
+// accumulated output (workers x its size), which the caller adds in worker order. The
+// forward passes accumulate nothing across chunks, so their threads take the next chunk
+// as they finish one: a thread slowed down (by another process on its core) leaves no
+// other thread idle at the end of the call, and the result is the same.
 #include <omp.h>
 
 #include "_vector_attention_passes.h"
@@ -28,6 +31,15 @@ namespace {
 
 // Points per tile: about 32k floats (128 KB) of the widest per-edge tensor (C channels).
 i64 tile_points(i64 k, i64 C) { return std::max<i64>(1, 32768 / std::max<i64>(1, C * k)); }
+
+// body(c, s, e) for each chunk c = [s, e) of [0, n), on up to `threads` OpenMP threads that
+// each take the next chunk left (for bodies that write only their chunk's rows).
+template <class F>
+void over_chunks_dynamic(i64 n, i64 chunk, i64 threads, F body) {
+    const i64 chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast<int>(std::max<i64>(1, std::min(threads, chunks))))
+    for (i64 c = 0; c < chunks; ++c) body(c, c * chunk, std::min(n, (c + 1) * chunk));
+}
 
 // body(w, c, s, e) for each chunk c = [s, e) of [0, n) (`chunk` points each) that worker w
 // owns: chunks w, w + workers, ... in order, on up to `threads` OpenMP threads. Where fewer
@@ -150,25 +162,25 @@ SF_CLONES void sf_va_stage1_backward(i64 m, i64 k, i64 C, i64 G, i64 d, const i6
     }
 }
 
-// sf_va_stage1_forward over all n points; the moments of chunk c in row c of mean, m2
-// (chunks x G; skipped when mean is null).
+// sf_va_stage1_forward over all n points on up to min(workers, threads) threads; the
+// moments of chunk c in row c of mean, m2 (chunks x G; skipped when mean is null).
 void sf_va_stage1_forward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 chunk, i64 workers,
                                  i64 threads, const i64* idx, const float* A, const float* B,
                                  const float* P, const float* WaT, const float* W1t, float* u,
                                  double* mean, double* m2) {
-    over_chunks(n, chunk, workers, threads, [&](i64, i64 c, i64 s, i64 e) {
+    over_chunks_dynamic(n, chunk, std::min(workers, threads), [&](i64 c, i64 s, i64 e) {
         sf_va_stage1_forward(e - s, k, C, G, d, idx + s * k, A, B + s * C, P + s * k * d, WaT,
                              W1t, u + s * k * G, at(mean, c * G), at(m2, c * G));
     });
 }
 
-// sf_va_stage2_forward over all n points; a null p (no backward pass to come) keeps each
-// chunk's softmax in a buffer of the worker's own.
+// sf_va_stage2_forward over all n points on up to min(workers, threads) threads; a null p
+// (no backward pass to come) keeps each chunk's softmax in a buffer of its own.
 void sf_va_stage2_forward_chunks(i64 n, i64 k, i64 C, i64 G, i64 d, i64 chunk, i64 workers,
                                  i64 threads, const i64* idx, const float* u, const float* s2,
                                  const float* t2, const float* W2t, const float* V,
                                  const float* P, const float* WpT, float* p, float* y) {
-    over_chunks(n, chunk, workers, threads, [&](i64, i64, i64 s, i64 e) {
+    over_chunks_dynamic(n, chunk, std::min(workers, threads), [&](i64, i64 s, i64 e) {
         std::vector<float> own(p == nullptr ? (e - s) * k * G : 0);
         sf_va_stage2_forward(e - s, k, C, G, d, idx + s * k, u + s * k * G, s2, t2, W2t, V,
                              P + s * k * d, WpT, p == nullptr ? own.data() : p + s * k * G,
