@@ -57,6 +57,12 @@ void by_rows(i64 m, i64 values, i64 threads, F call) {
 template <class T>
 T* at(T* p, i64 offset) { return p == nullptr ? nullptr : p + offset; }
 
+// Ranges of the functions that scatter into one (M x d) buffer per range: at most 8, so that
+// the buffers stay small beside the layer's own (N x k) tensors on machines of many threads.
+i64 scatter_ranges(i64 m, i64 values, i64 workers) {
+    return std::min<i64>(8, ranges_for(m, values, workers));
+}
+
 // call(w, s, e, part) for the t ranges w = [s, e) of [0, m) on up to `threads` OpenMP
 // threads (a thread runs several ranges in turn where fewer run), part: range w's zeroed
 // buffer of `size` values; the t buffers, in range order.
@@ -150,7 +156,7 @@ void sf_et_rel_grad_pos_mt(i64 workers, i64 threads, i64 m, i64 k, i64 D, i64 H,
                            const i64* idx, const float* pos, const float* out,
                            const float* gout, const float* W, const float* gm, const float* Gs,
                            const float* mean, float* gpos) {
-    const i64 t = ranges_for(m, m * k * H, workers);
+    const i64 t = scatter_ranges(m, m * k * H, workers);
     if (t == 1) return sf_et_rel_grad_pos(m, k, D, H, 0, idx, pos, out, gout, W, gm, Gs, mean, gpos);
     const auto parts = partial_sums<float>(m, t, threads, M * D, [&](i64, i64 s, i64 e, float* p) {
         sf_et_rel_grad_pos(e - s, k, D, H, s, idx + s * k, pos, out + s * k * H, gout + s * k * H,
@@ -163,7 +169,7 @@ void sf_et_rel_grad_pos_mt(i64 workers, i64 threads, i64 m, i64 k, i64 D, i64 H,
 void sf_et_position_sums_mt(i64 workers, i64 threads, i64 m, i64 k, i64 d, i64 M,
                             const i64* idx, const float* P, const float* mP, float* pscat,
                             float* psum, double* gram, double* total) {
-    const i64 t = ranges_for(m, m * k * d, workers);
+    const i64 t = scatter_ranges(m, m * k * d, workers);
     if (t == 1) return sf_et_position_sums(m, k, d, idx, P, mP, pscat, psum, gram, total);
     const i64 size = d * d + d;  // gram, total
     std::vector<float> scat(t * M * d, 0.0f);  // pscat per range

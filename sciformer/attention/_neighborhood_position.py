@@ -33,15 +33,19 @@ from sciformer.attention._neighborhood_norm import (
     linear_stats,
     uses_batch_stats,
 )
+from sciformer.errors import DataError
 
 
 def position_hidden(lin: nn.Linear, bn: nn.modules.batchnorm._BatchNorm, pos: Tensor, idx: Tensor) -> Tensor:
-    """``ReLU(bn(lin(pos[idx_ij] - pos_i)))`` for every edge; queries are ``pos[:N]``.
+    """``ReLU(bn(lin(pos[idx_ij] - pos_i)))`` for every edge; queries are ``pos[:N]`` (N <= M;
+    the entries of ``idx`` are the caller's check: ``check_neighbor_index``).
 
     Shapes:
         pos: (M, D); idx: (N, k) -> (N, k, H)
     """
     n, k = idx.shape
+    if n > pos.shape[0]:  # the compiled passes would read queries past the end of pos
+        raise DataError(f"position_hidden: {n} queries but {pos.shape[0]} positions; queries are pos[:N]")
     params = [t for t in (lin.weight, lin.bias, bn.weight, bn.bias) if t is not None]
     if compiled(idx, pos, *params) and max(pos.shape[1], lin.out_features) <= MAX_DIM:
         return RelativePositionHidden.apply(pos.contiguous(), idx, lin.weight, lin.bias, bn.weight, bn.bias, bn)

@@ -19,7 +19,7 @@ from sciformer.attention import _edge_terms as et
 from sciformer.attention import _neighborhood_parallel as par
 
 pytestmark = needs_lib
-THREADS = [2, 3, 4]
+THREADS = [2, 3, 4, 11]  # 11: more than the 8 ranges of the scattering passes
 N, K, D, M = 5501, 16, 3, 6400  # 264,048 offsets and position terms: split
 
 

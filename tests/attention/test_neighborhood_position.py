@@ -193,6 +193,15 @@ def test_single_edge_in_training_raises_like_batchnorm(path):
         position_hidden(copy.deepcopy(lin).to(dt), copy.deepcopy(bn).to(dt), pos.to(dt), empty)
 
 
+def test_more_queries_than_positions_raise(path):
+    """Queries are pos[:N]: N > M would read past the end of pos on the compiled path."""
+    lin, bn = modules(3, 4, seed=17)
+    pos, idx, _ = cloud((6, 2, 3, 4, 6), seed=18)
+    dt = torch.float64 if path == "float64" else torch.float32
+    with pytest.raises(DataError, match="6 queries but 5 positions"):
+        position_hidden(lin.to(dt), bn.to(dt), pos[:5].to(dt), idx.clamp_max(4))
+
+
 def test_empty_cloud_in_eval(path):
     lin, bn = modules(3, 4, seed=15)
     pos, idx, _ = cloud((3, 2, 3, 4, 3), seed=16)
