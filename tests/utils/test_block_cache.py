@@ -235,10 +235,12 @@ def test_shared_blocks_leave_the_cache_and_blocks_cannot_be_resized(cache: Block
         fixed.untyped_storage().resize_(0)
     assert int(fixed[0]) == 5 and int(fixed[-1]) == 5  # still the cache's block, intact
     p_fixed = fixed.data_ptr()
-    del shared, fixed
+    reader = shared[:]  # the other process's view: the shared block stays mapped (were it unmapped,
+    del shared, fixed  # a fresh block could be mapped at its address again, rightly)
     assert cache.cached_bytes() == (4 * MB, 4 * MB)  # the shared one is not the cache's any more
     fresh = [cache.take(4 * MB) for _ in range(2)]
     assert p_shared not in {t.data_ptr() for t in fresh} and p_fixed in {t.data_ptr() for t in fresh}
+    assert reader.data_ptr() == p_shared
     assert all(t.data_ptr() % ALIGN == 0 and int(t.fill_(3)[-1]) == 3 for t in fresh)
 
 
