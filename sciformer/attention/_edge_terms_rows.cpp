@@ -41,17 +41,23 @@ i64 ranges_for(i64 m, i64 values, i64 threads) {
     return values >= (i64{1} << 18) ? std::max<i64>(1, std::min(threads, m)) : 1;
 }
 
-// call(s, e) for rows [0, m) split into equal ranges (ranges_for), one per OpenMP thread
-// (the runtime torch's own operations use); one range runs in the calling thread.
+// call(w, s, e) for the t equal ranges w = [s, e) of [0, m) on up to `threads` OpenMP
+// threads (the runtime torch's own operations use; a thread runs several ranges in turn
+// where fewer run); one range runs in the calling thread.
 template <class F>
-void by_rows(i64 m, i64 values, i64 threads, F call) {
-    const i64 t = ranges_for(m, values, threads);
+void over_ranges(i64 m, i64 t, i64 threads, F call) {
     if (t == 1) {
-        call(0, m);
+        call(0, 0, m);
         return;
     }
-#pragma omp parallel for num_threads(static_cast<int>(t)) schedule(static, 1)
-    for (i64 w = 0; w < t; ++w) call(m * w / t, m * (w + 1) / t);
+#pragma omp parallel for num_threads(static_cast<int>(std::max<i64>(1, std::min(threads, t)))) schedule(static, 1)
+    for (i64 w = 0; w < t; ++w) call(w, m * w / t, m * (w + 1) / t);
+}
+
+// call(s, e) for rows [0, m) split into ranges_for(m, values, threads) ranges, one per thread.
+template <class F>
+void by_rows(i64 m, i64 values, i64 threads, F call) {
+    over_ranges(m, ranges_for(m, values, threads), threads, [&](i64, i64 s, i64 e) { call(s, e); });
 }
 
 template <class T>
@@ -63,14 +69,12 @@ i64 scatter_ranges(i64 m, i64 values, i64 workers) {
     return std::min<i64>(8, ranges_for(m, values, workers));
 }
 
-// call(w, s, e, part) for the t ranges w = [s, e) of [0, m) on up to `threads` OpenMP
-// threads (a thread runs several ranges in turn where fewer run), part: range w's zeroed
-// buffer of `size` values; the t buffers, in range order.
+// call(w, s, e, part) for the t ranges of over_ranges, part: range w's zeroed buffer of
+// `size` values; the t buffers, in range order.
 template <class T, class F>
 std::vector<T> partial_sums(i64 m, i64 t, i64 threads, i64 size, F call) {
     std::vector<T> parts(t * size, T{0});
-#pragma omp parallel for num_threads(static_cast<int>(std::max<i64>(1, std::min(threads, t)))) schedule(static, 1)
-    for (i64 w = 0; w < t; ++w) call(w, m * w / t, m * (w + 1) / t, parts.data() + w * size);
+    over_ranges(m, t, threads, [&](i64 w, i64 s, i64 e) { call(w, s, e, parts.data() + w * size); });
     return parts;
 }
 

@@ -37,22 +37,14 @@ _SIGNATURES = {  # name: (integer arguments, pointer arguments)
     "sf_va_stage1_backward_chunks": (9, 15),
     "sf_va_matmul": (4, 3),
     "sf_va_wide_products": (1, 1),
-    # _edge_terms.cpp (wrapped by _edge_terms.py)
-    "sf_et_gather_sum": (3, 3),
-    "sf_et_rows_dot": (3, 4),
-    "sf_et_row_affine": (3, 11),
-    "sf_et_gather_sum_mt": (4, 3),  # _edge_terms_rows.cpp: the same, rows split over threads
+    # _edge_terms.cpp (wrapped by _edge_terms.py); its other functions are called through
+    # _edge_terms_rows.cpp, which splits their rows over threads
+    "sf_et_scatter_rows": (3, 3),
+    "sf_et_gather_sum_mt": (4, 3),
     "sf_et_rows_dot_mt": (4, 4),
     "sf_et_row_affine_mt": (4, 11),
     "sf_et_edge_affine_mt": (4, 7),
-    "sf_et_scatter_rows": (3, 3),
-    "sf_et_position_sums": (3, 7),
-    "sf_et_edge_affine": (3, 7),
-    "sf_et_rel_moments": (4, 5),
-    "sf_et_rel_linear_relu": (5, 5),
-    "sf_et_rel_grad_params": (5, 6),
-    "sf_et_rel_grad_pos": (5, 9),
-    "sf_et_position_sums_mt": (6, 7),  # the same, queries split over threads, sums per range
+    "sf_et_position_sums_mt": (6, 7),  # queries split over threads, sums per range
     "sf_et_rel_moments_mt": (5, 5),
     "sf_et_rel_linear_relu_mt": (5, 5),
     "sf_et_rel_grad_params_mt": (6, 6),

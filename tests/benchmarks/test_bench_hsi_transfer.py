@@ -10,15 +10,13 @@ import pytest
 
 pytest.importorskip("tensorly", reason="Indian Pines ships in tensorly==0.10.0: pip install 'sciformer[hsi-data]'")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_hsi_transfer.py"
+from bench_scripts import BENCHMARKS, load_benchmark  # noqa: E402
+
+SCRIPT = BENCHMARKS / "bench_hsi_transfer.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_hsi_transfer", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_hsi_transfer")
 
 
 @pytest.fixture(scope="module")
