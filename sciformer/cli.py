@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import sciformer
+from sciformer.engine.signals import command_is_process
 from sciformer.errors import SciformerError, resource_failure
 from sciformer.utils.text import print_names_as_bytes
 
@@ -313,7 +314,7 @@ COMMANDS = {"train": cmd_train, "pretrain": cmd_pretrain, "evaluate": cmd_evalua
 def main(argv: list[str] | None = None) -> int:
     code = _run_command(argv)
     distributed = sys.modules.get("sciformer.engine.distributed")  # not imported: no group joined
-    if distributed is not None and distributed.joined() and Path(sys.argv[0]).name in ENTRY_POINTS:  # a torchrun rank that is the process
+    if distributed is not None and distributed.joined() and command_is_process():  # a torchrun rank that is the process
         from sciformer.engine.signals import end_process
 
         end_process(code)  # not through finalization, which gloo's threads can abort (see engine.distributed)
@@ -331,7 +332,7 @@ def _run_command(argv: list[str] | None) -> int:
     if args.command is None:
         return parser.print_help() or 2
     print_names_as_bytes()
-    if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process: SIGTERM ends any command like Ctrl-C
+    if command_is_process():  # the command is the process: SIGTERM ends any command like Ctrl-C
         from sciformer.engine.signals import terminate_as_interrupt
 
         terminate_as_interrupt(process=True)
@@ -352,7 +353,6 @@ def _run_command(argv: list[str] | None) -> int:
         return exc.exit_code if isinstance(exc, SciformerError) else 2
 
 
-ENTRY_POINTS = ("sciformer", "__main__.py", "cli.py")  # sys.argv[0] when sciformer is the process
 MAX_MESSAGE = 600  # characters: a 10 MB value in a config never prints 10 MB
 
 
@@ -378,7 +378,7 @@ def _interrupted_exit() -> int:
     ran: CPython remembers a KeyboardInterrupt that passed through code it ran with
     ``PyRun_*`` (pybind11's ``exec`` during ``import torch`` does), even when it was caught
     later, and then ends the process by SIGINT (status -2) instead of the code returned."""
-    if Path(sys.argv[0]).name not in ENTRY_POINTS:  # a test or a script calling main()
+    if not command_is_process():  # a test or a script calling main()
         return 130
     from sciformer.engine.signals import end_process
 
@@ -389,7 +389,7 @@ def _quiet_signals() -> None:
     """The process reports and ends: no further signal, no 'Exception ignored' (a half-built loader) after the line."""
     from sciformer.engine.signals import quiet_signals
 
-    if Path(sys.argv[0]).name in ENTRY_POINTS:  # the command is the process (not a test calling main)
+    if command_is_process():  # the command is the process (not a test calling main)
         quiet_signals()
         sys.unraisablehook = lambda unraisable: None
 

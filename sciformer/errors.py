@@ -51,11 +51,11 @@ def _bytes_text(n: float) -> str:
 def resource_failure(exc: BaseException) -> str | None:
     """The one line for a machine resource that ran out (memory, disk, file size, open files),
     or None for an error that is a bug (a traceback helps)."""
-    if isinstance(exc, MemoryError):
-        return "out of memory"
     if isinstance(exc, ImportError):  # a library that cannot be mapped under a memory limit (ulimit -v)
         low = str(exc).lower()
         return f"out of memory while loading a library ({str(exc)[:200]})" if "map segment" in low or "allocate memory" in low else None
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM and not exc.filename):
+        return _out_of_memory(str(exc))  # Python's, a mapping's or a system call's; Python's own has no text
     if isinstance(exc, OSError):
         hint = f"; {_open_files()}: raise it, or lower train.num_workers" if exc.errno == errno.EMFILE else ""
         return f"{exc.strerror or exc}" + (f": '{exc.filename}'" if exc.filename else "") + hint
@@ -64,13 +64,19 @@ def resource_failure(exc: BaseException) -> str | None:
         return (f"{' '.join(text.split())}; a data-loading process ended without its batch (killed for memory, or out of "
                 f"open files: {_open_files()}); try fewer train.num_workers (0 loads in this process)")
     if any(mark in text for mark in _ALLOCATION_FAILED):
-        tried = re.search(r"[Tt]ried to allocate ([0-9.]+) ?([A-Za-z]*)", text)
-        size = ""
-        if tried:
-            size = _bytes_text(float(tried[1])) if tried[2] in ("", "bytes") else f"{tried[1]} {tried[2]}"
-        return "out of memory" + (f" (an allocation of {size} failed)" if size else "") + \
-            "; lower the batch size or the points / patch size per sample"
+        return _out_of_memory(text)
     return None
+
+
+def _out_of_memory(text: str) -> str:
+    """The line for memory that ran out: the size of the failed allocation where ``text``
+    names it, and what to lower."""
+    tried = re.search(r"[Tt]ried to allocate ([0-9.]+) ?([A-Za-z]*)", text)
+    size = ""
+    if tried:
+        size = _bytes_text(float(tried[1])) if tried[2] in ("", "bytes") else f"{tried[1]} {tried[2]}"
+    return "out of memory" + (f" (an allocation of {size} failed)" if size else "") + \
+        "; lower the batch size or the points / patch size per sample"
 
 
 def _open_files() -> str:

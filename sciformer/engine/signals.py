@@ -36,6 +36,13 @@ def _main_thread() -> bool:
 
 
 _PROCESS = False  # the command is the process (not main() called by a test or a script)
+ENTRY_POINTS = ("sciformer", "__main__.py", "cli.py")  # sys.argv[0] when sciformer is the process
+
+
+def command_is_process() -> bool:
+    """Whether the running command is the process (``sciformer`` or ``python -m sciformer``),
+    not ``cli.main()`` called by a test or a script, whose process must not be ended."""
+    return os.path.basename(sys.argv[0]) in ENTRY_POINTS
 
 
 def _in_import(frame: Any) -> bool:

@@ -203,10 +203,14 @@ def _mapped(nbytes: int) -> torch.Tensor:
     """A (nbytes,) uint8 tensor on a fresh private anonymous mapping of its own, starting on
     a 2 MiB boundary and advised onto transparent huge pages (unmapped once nothing uses
     it). Its own mapping, not glibc's heap: never pages another allocation faulted in
-    before, and its storage cannot be resized. ``_aligned`` where mmap lacks the flags."""
+    before, and its storage cannot be resized. ``_aligned`` where mmap lacks the flags.
+    A mapping the system refuses raises MemoryError naming the size."""
     if not all(hasattr(mmap, f) for f in ("MAP_PRIVATE", "MAP_ANONYMOUS")):
         return _aligned(nbytes)
-    mapping = mmap.mmap(-1, nbytes + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mapping = mmap.mmap(-1, nbytes + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as exc:  # ENOMEM: as torch's own allocator, an allocation that failed
+        raise MemoryError(f"Tried to allocate {nbytes} bytes ({exc.strerror})") from exc
     with torch.inference_mode(False):
         raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
         skip = -raw.data_ptr() % ALIGN

@@ -4,6 +4,7 @@ loading worker that cannot hand over its batch would leave the loader waiting fo
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import subprocess
@@ -272,3 +273,25 @@ def test_a_signal_once_the_evaluation_is_written_leaves_a_finished_command(tmp_p
                          capture_output=True, text=True, timeout=300, env=ENV)
     assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
     assert (tmp_path / "ev" / "metrics.json").is_file() and not (tmp_path / "ev" / ".evaluate.lock").exists()
+
+
+@pytest.mark.parametrize("failure", ["python", "mapping", "system call"])
+def test_memory_that_ran_out_is_one_line_whatever_raised_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+                                                           failure: str) -> None:
+    """Python's MemoryError, a refused mapping of the block cache (``empty_large``) and an
+    ENOMEM from a system call all read as out of memory, with what to lower."""
+    from sciformer.utils import block_cache
+
+    def run(args):
+        if failure == "python":
+            raise MemoryError
+        if failure == "mapping":
+            return block_cache._mapped(1 << 60)  # 1 EiB: refused by the kernel
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setitem(cli.COMMANDS, "report", run)
+    assert cli.main(["report", "x"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("sciformer report: error: out of memory") and line.endswith("patch size per sample"), line
+    if failure == "mapping":
+        assert "(an allocation of 1073741824.0 GiB failed)" in line, line
