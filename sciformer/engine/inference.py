@@ -145,6 +145,9 @@ def expand_inputs(specs: list[str]) -> list[Path]:
             found = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
             if not found:
                 raise SciformerError(f"--input '{spec}' matches no file")
+        elif os.path.lexists(path):  # a FIFO, a device, a socket, a broken or looping link
+            raise SciformerError(f"--input '{spec}' is not a regular file or folder" +
+                                 (" (a link to nothing, or a loop)" if path.is_symlink() else ""))
         else:
             raise SciformerError(f"--input '{spec}' does not exist")
         out.extend(found)

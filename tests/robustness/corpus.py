@@ -1135,9 +1135,14 @@ def _(d: Path, t: Trained) -> list[str]:
     return _predict_points(d, t, "shape.ply", ply_text(cloud()), output="pred.txt")
 
 
-@case("predict-batch-size-zero", "--batch-size", "at least 1")
+@case("predict-batch-size-zero", "--batch-size", "in 1..1048576")
 def _(d: Path, t: Trained) -> list[str]:
     return _predict_points(d, t, "shape.ply", ply_text(cloud())) + ["--batch-size", "0"]
+
+
+@case("predict-batch-size-beyond-the-config-limit", "--batch-size", "in 1..1048576", "99999999999999999999")
+def _(d: Path, t: Trained) -> list[str]:  # was accepted (evaluation.batch_size stops at 2^20)
+    return _predict_points(d, t, "shape.ply", ply_text(cloud())) + ["--batch-size", "99999999999999999999"]
 
 
 # --- hyperspectral cubes through `sciformer predict` -----------------------------------------

@@ -240,7 +240,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return train_argv(d, hsi_experiment(d, "/dev/zero"))
 
 
-@case("predict-input-fifo", "shape.ply")
+@case("predict-input-fifo", "shape.ply", "not a regular file or folder")
 def _(d: Path, t: Trained) -> list[str]:
     os.mkfifo(d / "shape.ply")
     return ["predict", "--checkpoint", str(t.points()), "--input", str(d / "shape.ply"), "--output", str(d / "pred.json")]
@@ -499,6 +499,66 @@ def _(d: Path, t: Trained) -> list[str]:
     raw[131:139] = struct.pack("<d", 0.0)  # x scale factor (LAS 1.2 header offset 131)
     path.write_bytes(bytes(raw))
     return argv
+
+
+def _patched_las(d: Path, name: str, *patches: tuple[int, str, float]) -> list[str]:
+    """A training tile ``name`` with header fields overwritten: (byte offset, struct format, value)."""
+    root, argv = corpus._tiles(d, train=name)
+    path = corpus.write_las(root / name)
+    raw = bytearray(path.read_bytes())
+    for offset, fmt, value in patches:
+        raw[offset : offset + struct.calcsize(fmt)] = struct.pack(fmt, value)
+    path.write_bytes(bytes(raw))
+    return argv
+
+
+# LAS header offsets: number of VLRs 100 (uint32), x scale 131 (double); LAS 1.4: first EVLR 235 (uint64), EVLRs 243 (uint32)
+case("las-vlr-count-4e9", "train.las", "4000000000 variable-length records")(
+    lambda d, t: _patched_las(d, "train.las", (100, "<I", 4_000_000_000)))  # laspy read records until memory ran out
+case("laz-vlr-count-4e9", "train.laz", "4000000000 variable-length records")(
+    lambda d, t: _patched_las(d, "train.laz", (100, "<I", 4_000_000_000)))
+case("las-scale-overflows-float64", "train.las", "overflow float64")(
+    lambda d, t: _patched_las(d, "train.las", (131, "<d", 1e308)))  # was: every point unclassified, exit 0
+
+
+@case("las14-evlr-count-4e9", "train.las", "4000000000 extended variable-length records")
+def _(d: Path, t: Trained) -> list[str]:
+    import laspy
+
+    root, argv = corpus._tiles(d)
+    path = root / "train.las"
+    laspy.convert(laspy.read(corpus.write_las(path)), file_version="1.4", point_format_id=7).write(path)
+    raw = bytearray(path.read_bytes())
+    raw[235:247] = struct.pack("<QI", len(raw) - 60, 4_000_000_000)
+    path.write_bytes(bytes(raw))
+    return argv
+
+
+@case("pcd-count-1e9", "shape.pcd", "points of 4000000008 bytes")
+def _(d: Path, t: Trained) -> list[str]:  # was: numpy's record type failed with a traceback
+    head = "VERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT 1 1 1000000000\nWIDTH 10\nHEIGHT 1\nPOINTS 10\nDATA binary\n"
+    return corpus._predict_points(d, t, "shape.pcd", head.encode() + b"\x00" * 120)
+
+
+@case("predict-npy-shape-overflows", "shape.npy", "cannot read numpy file", "overflow")
+def _(d: Path, t: Trained) -> list[str]:  # was: numpy's overflow warning, then the line
+    member = io_bytes()
+    np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": (2**62, 4)})
+    return corpus._predict_points(d, t, "shape.npy", member.getvalue() + b"\x00" * 64)
+
+
+for _id, _labels, _expect in [("label-file-fractions", np.full(40, 1.5), "non-integer labels (e.g. 1.5)"),
+                              ("label-file-nan", np.full(40, np.nan), "non-finite labels"),
+                              ("label-file-huge-ids", np.full(40, 2**40, np.int64), "not plausible class ids"),
+                              ("label-file-negative-ids", np.full(40, -7, np.int64), "not plausible class ids")]:
+    def _build(d: Path, t: Trained, labels: np.ndarray = _labels) -> list[str]:  # were cast to int64 and trained on
+        argv = corpus._scenes(d, label_files=["_points.npy", "_labels.npy"])
+        for seed, name in enumerate("abc"):
+            np.save(d / "scans" / f"{name}_points.npy", corpus.cloud(seed=seed))
+            np.save(d / "scans" / f"{name}_labels.npy", labels if name == "a" else np.zeros(40, np.int64))
+        return argv
+
+    case(_id, "a_labels.npy", _expect)(_build)
 
 
 for _id, _value in [("s3dis-coordinate-1e300", "1e300"), ("s3dis-coordinate-1e309", "1e309")]:

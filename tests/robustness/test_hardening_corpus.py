@@ -3,7 +3,7 @@
 messages are checked in-process by ``test_bad_input_corpus.py``).
 
 Every case must exit with code 2, print exactly one line on stderr holding its expected
-fragments and no traceback, finish within 30 s, and write nothing that looks finished
+fragments and no traceback (warnings shown: a library's warning before it is a second line), finish within 30 s, and write nothing that looks finished
 (``metrics.json``, ``last.pt``, ``best.pt``, ``pred.*``). The whole corpus runs in one
 child process whose peak resident memory (``RUSAGE_CHILDREN``) must stay under 1 GiB:
 no small file may make a reader inflate or allocate gigabytes.
@@ -31,8 +31,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = work / "results.json"
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+           "OMP_NUM_THREADS": "1"}
     env.pop("SCIFORMER_DEBUG", None)
+    env.pop("PYTHONWARNINGS", None)  # Python's default filters, as a user has them: a warning before the line is a second line
     # the pure readers: importing open3d alone adds ~0.5 GB of RSS; its reader path is tested in test_open3d_io
     env["SCIFORMER_NO_OPEN3D"] = "1"
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -239,6 +239,7 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
     try:
         with warnings.catch_warnings():  # 'non-lowercase names ... converted to lowercase': two stderr lines, not a problem
             warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's overflow while mapping an absurd size: _check_envi_size words it
             with readable_header(header, data_file) as (text_header, data):  # BOM / cp1252 headers: a UTF-8 copy
                 img = envi.open(str(text_header), None if data is None else str(data))
     except Exception as exc:  # noqa: BLE001

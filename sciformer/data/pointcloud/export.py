@@ -172,7 +172,7 @@ def write_las_predictions(
                             f"predictions write '{name}' as float32; rename or drop it first (e.g. with PDAL or laspy)")
     add = [laspy.ExtraBytesParams(name=name, type=dt, description=_describe(name)) for name, (dt, _) in extra.items()
            if name not in have]
-    with laspy_errors(output_path, "LAS/LAZ output"):
+    with laspy_errors(output_path, "LAS/LAZ output", verb="write"):
         if add:
             las.add_extra_dims(add)
         las.classification = new.astype(np.uint8)

@@ -200,7 +200,8 @@ def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
         if path.suffix.lower() == ".npz":
             npz_members(path)  # member headers against the memory budget, before inflating any
         # mmap: a header promising more data than the file holds fails here instead of allocating it
-        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+        with np.errstate(over="raise"):  # a shape whose byte size overflows: one error, not a warning first
+            loaded = np.load(path, mmap_mode="r", allow_pickle=False)
         if isinstance(loaded, np.lib.npyio.NpzFile):
             with loaded:
                 arrays = {k: loaded[k] for k in loaded.files}

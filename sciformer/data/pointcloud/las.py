@@ -22,6 +22,33 @@ MAX_LAZ_RATIO = 100
 # ask for gigabytes.
 MAX_LAZ_CHUNK = 10_000_000
 _VARIABLE_CHUNKS = 0xFFFFFFFF
+VLR_HEADER, EVLR_HEADER = 54, 60  # bytes before each (extended) variable-length record's data
+
+
+def check_record_counts(path: str | os.PathLike[str]) -> None:
+    """Refuse a header listing more (extended) variable-length records than the file can hold.
+
+    laspy reads every listed record before anything else, so a damaged count of 4e9 would
+    take memory without bound. VLRs lie between the header and the point data; EVLRs (LAS
+    1.4) from their start to the end of the file. Byte offsets are those of the LAS spec.
+    """
+    size = Path(path).stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(247)
+    if len(head) < 104 or head[:4] != b"LASF":
+        return  # not a LAS header: laspy says so
+    header_size = int.from_bytes(head[94:96], "little")
+    room = int.from_bytes(head[96:100], "little") - header_size  # bytes between header and points
+    vlrs = int.from_bytes(head[100:104], "little")
+    if vlrs * VLR_HEADER > room:
+        raise fail(path, f"LAS header lists {vlrs} variable-length records, more than the {max(0, room)} bytes "
+                         "between its header and its points can hold; the file is damaged")
+    if head[25] >= 4 and len(head) == 247:  # version 1.4
+        start = int.from_bytes(head[235:243], "little")
+        evlrs = int.from_bytes(head[243:247], "little")
+        if evlrs and (start > size or evlrs * EVLR_HEADER > size - start):
+            raise fail(path, f"LAS header lists {evlrs} extended variable-length records from byte {start}, more than the "
+                             f"{size}-byte file can hold; the file is damaged or truncated")
 
 
 def check_point_count(path: Path, header: object) -> None:
@@ -35,15 +62,17 @@ def check_point_count(path: Path, header: object) -> None:
     offsets = [float(v) for v in header.offsets]  # type: ignore[attr-defined]
     if not all(math.isfinite(v) and v != 0 for v in scales) or not all(math.isfinite(v) for v in offsets):
         raise fail(path, f"LAS header scale {scales} / offset {offsets}: scales must be finite and non-zero, offsets finite")
+    if not all(math.isfinite(abs(s) * 2.0**31 + abs(o)) for s, o in zip(scales, offsets)):  # int32 records * scale + offset
+        raise fail(path, f"LAS header scale {scales} / offset {offsets}: coordinates would overflow float64; the header is damaged")
     count = int(header.point_count)  # type: ignore[attr-defined]
     record = int(header.point_format.size)  # type: ignore[attr-defined]
     payload = max(0, size - int(header.offset_to_point_data))  # type: ignore[attr-defined]
     compressed = bool(header.are_points_compressed)  # type: ignore[attr-defined]
     limit = payload * MAX_LAZ_RATIO if compressed else payload
     if count * record > limit:
-        what = "LAZ" if compressed else "LAS"
+        what, ratio = ("LAZ", f" at up to {MAX_LAZ_RATIO}:1 compression") if compressed else ("LAS", "")
         raise fail(path, f"{what} header declares {count} points of {record} bytes, more than the "
-                         f"{size}-byte file can hold; the file is damaged or truncated")
+                         f"{size}-byte file can hold{ratio}; the file is damaged or truncated")
     if compressed:
         chunk = laz_chunk_size(header)
         if chunk is not None and chunk != _VARIABLE_CHUNKS and chunk > MAX_LAZ_CHUNK:
@@ -86,7 +115,7 @@ def laz_chunk_size(header: object) -> int | None:
 
 
 @contextmanager
-def laspy_errors(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+def laspy_errors(path: str | os.PathLike[str], what: str, verb: str = "read") -> Iterator[None]:
     """Turn any laspy failure into one line naming ``path``.
 
     laspy raises several types, and lazrs panics derive from BaseException, so
@@ -97,7 +126,7 @@ def laspy_errors(path: str | os.PathLike[str], what: str) -> Iterator[None]:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
-        raise fail(path, f"cannot read {what} ({type(exc).__name__}: {exc})") from exc
+        raise fail(path, f"cannot {verb} {what} ({type(exc).__name__}: {exc})") from exc
 
 
 def read_las_header(path: str | os.PathLike[str]) -> Any:
@@ -107,6 +136,7 @@ def read_las_header(path: str | os.PathLike[str]) -> Any:
     except ImportError as exc:  # pragma: no cover - laspy is a declared extra
         raise fail(path, 'reading LAS/LAZ needs laspy: pip install "laspy[lazrs]"') from exc
     regular_file(path, "LAS/LAZ file")
+    check_record_counts(path)
     with laspy_errors(path, "LAS/LAZ header"), laspy.open(path) as reader:
         return reader.header
 

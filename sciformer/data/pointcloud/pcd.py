@@ -12,6 +12,7 @@ from sciformer.utils.limits import check_bytes
 
 _PCD_TYPES = {("F", 4), ("F", 8), *((t, s) for t in "IU" for s in (1, 2, 4, 8))}
 LZF_MAX_RATIO = 150  # a 264-byte back-reference costs LZF at least 2 bytes of stream
+MAX_PCD_RECORD = 1 << 20  # bytes per point; PCL's largest descriptors (e.g. SHOT, 352 floats) are about 1.4 KB
 
 
 def lzf_decompress(data: bytes, out_len: int) -> bytes:
@@ -95,6 +96,10 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
         raise fail(path, f"bad PCD header (POINTS {npoints}, COUNT {counts}); expected non-negative points and counts >= 1")
     if not (len(fields) == len(sizes) == len(types) == len(counts)):
         raise fail(path, "PCD header FIELDS, SIZE, TYPE and COUNT have different lengths")
+    record = sum(size * count for size, count in zip(sizes, counts, strict=True))  # bytes per point
+    if record > MAX_PCD_RECORD:  # before numpy builds a record type of that size
+        raise fail(path, f"bad PCD header: points of {record} bytes (COUNT {' '.join(header.get('COUNT', []))[:80]}); "
+                         f"expected at most {MAX_PCD_RECORD}")
     named = [f for f in fields if f != "_"]  # '_' pads records, possibly several times
     if len(set(named)) != len(named):
         raise fail(path, f"PCD header repeats a field name ({' '.join(fields)[:80]})")

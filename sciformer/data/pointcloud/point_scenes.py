@@ -42,6 +42,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
 from sciformer.data.pointcloud.cache import file_identity
 from sciformer.data.pointcloud.export import POINT_OUTPUTS, write_point_predictions
+from sciformer.data.pointcloud.fields import check_labels, numeric
 from sciformer.data.pointcloud.geometric import cached_geometric_features, features_as_recorded, geometric_state
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
 from sciformer.data.pointcloud.predict_file import (
@@ -184,13 +185,16 @@ def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:
         raise DataError(f"{other}: label file of {path.name} not found (data.label_files: [{old}, {new}])")
     suffix = other.suffix.lower()
     try:
-        if suffix == ".npy":
-            return np.asarray(np.load(other, allow_pickle=False)).reshape(-1)
-        if suffix == ".label":  # SemanticKITTI: uint32, semantic label in the lower 16 bits
-            return (np.fromfile(other, dtype="<u4") & 0xFFFF).astype(np.int64)
-        return np.loadtxt(other, dtype=np.float64, ndmin=1).reshape(-1)
-    except (OSError, ValueError) as exc:
+        if suffix == ".npy":  # mapped: a header promising more than the file holds fails instead of allocating
+            with np.errstate(over="raise"):  # a shape whose size overflows: an error, not a warning and a crash
+                raw = np.asarray(numeric(other, np.load(other, mmap_mode="r", allow_pickle=False), "label array"))
+        elif suffix == ".label":  # SemanticKITTI: uint32, semantic label in the lower 16 bits
+            raw = np.fromfile(other, dtype="<u4") & 0xFFFF
+        else:
+            raw = np.loadtxt(other, dtype=np.float64, ndmin=1)
+    except (OSError, ValueError, FloatingPointError) as exc:
         raise DataError(f"{other}: cannot read labels ({type(exc).__name__}: {exc})") from exc
+    return check_labels(other, raw.reshape(-1), "label file")  # finite, integer-valued, plausible ids: never cast silently
 
 
 def point_sample(data: dict[str, np.ndarray]) -> Sample:

@@ -9,6 +9,7 @@ of :mod:`sciformer.data.pointcloud.export` store one row per input point.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,9 @@ def predict_cloud(
     n, num_classes = coord.shape[0], len(class_names)
     valid = valid_points(sample, features)
     probs = np.zeros((n, num_classes), dtype=np.float32)  # (n, C)
-    if not valid.any():
+    if not valid.any():  # still an output row per point, but say so: a finished-looking file of nothing
+        print(f"note: none of the {n} points has finite coordinates{' and features' if features else ''} within float32's "
+              "range; every point is written unclassified (valid = 0)", file=sys.stderr)
         return PointPrediction(probs, valid, list(class_names))
     rows = np.flatnonzero(valid)
     cloud = index_points(sample, rows) if len(rows) < n else dict(sample)

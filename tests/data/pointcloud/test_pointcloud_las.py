@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -95,3 +96,32 @@ def test_damaged_headers_are_refused_before_allocation(tmp_path: Path, fakes, on
     with pytest.raises(DataError) as e:
         read_point_file(_edit(laz, point_offset, (10**9).to_bytes(8, "little")))
     one_line_error(e, "damaged.laz", "chunk table offset 1000000000 lies outside")
+
+
+@pytest.mark.parametrize("suffix", [".las", ".laz"])
+def test_records_the_file_holds_are_read_and_counts_beyond_it_refused(tmp_path: Path, suffix: str, one_line_error) -> None:
+    """A 1.4 file with VLRs and EVLRs (one of them empty) reads; record counts the file cannot hold are refused
+    before laspy reads that many records (4e9 of them took memory without bound)."""
+    import laspy
+    from laspy.vlrs.vlrlist import VLRList
+
+    header = laspy.LasHeader(point_format=6, version="1.4")
+    header.vlrs.append(laspy.VLR(user_id="sciformer", record_id=1, record_data=b"v" * 100))
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = np.arange(5.0), np.arange(5.0) * 2, np.arange(5.0) * 3
+    las.evlrs = VLRList([laspy.VLR(user_id="sciformer", record_id=2, record_data=b"e" * 1000),
+                         laspy.VLR(user_id="sciformer", record_id=3, record_data=b"")])
+    path = tmp_path / f"tile{suffix}"
+    las.write(path)
+    np.testing.assert_array_equal(read_point_file(path)["coord"], np.stack([las.x, las.y, las.z], 1))
+    raw = path.read_bytes()
+    room = int.from_bytes(raw[96:100], "little") - int.from_bytes(raw[94:96], "little")  # bytes for the VLRs
+    for at, value, needle in [(100, room // 54 + 1, "variable-length records, more than the"),
+                              (243, (len(raw) - int.from_bytes(raw[235:243], "little")) // 60 + 1, "extended variable-length"),
+                              (235, len(raw) + 1, "extended variable-length")]:
+        with pytest.raises(DataError) as e:
+            read_point_file(_edit(path, at, value.to_bytes(8 if at == 235 else 4, "little")))
+        one_line_error(e, f"damaged{suffix}", needle)
+    with pytest.raises(DataError) as e:  # int32 records times this scale pass float64's range
+        read_point_file(_edit(path, 131, struct.pack("<d", 1e300)))
+    one_line_error(e, "overflow float64")

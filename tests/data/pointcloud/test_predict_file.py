@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sciformer.data.pointcloud.predict_file import valid_points
+from sciformer.contracts import PredictOptions
+from sciformer.data.pointcloud.predict_file import predict_cloud, valid_points
 
 
 def test_valid_points_are_finite_in_float32() -> None:
@@ -23,3 +24,16 @@ def test_valid_points_are_finite_in_float32() -> None:
     # a feature the model does not use does not invalidate a point
     np.testing.assert_array_equal(valid_points({"coord": coord, "intensity": intensity}, []),
                                   [True, False, False, False, True, True])
+
+
+def test_a_cloud_without_a_usable_point_gets_a_row_per_point_and_a_note(capsys) -> None:
+    """Every point still gets its (no-data) row, in order, but a finished-looking file of nothing
+    comes with a note on stderr; the model is never called."""
+    def model(*args, **kwargs):
+        raise AssertionError("the model ran on no point")
+
+    coord = np.array([[np.nan, 0.0, 0.0], [1e300, 0.0, 0.0], [0.0, np.inf, 0.0]])
+    out = predict_cloud(model, {"coord": coord}, class_names=["a", "b"], features=[], options=PredictOptions(),
+                        grid_size=0.1, max_points=100, part_z="min", transform=None, batch_size=2)
+    assert out.probs.shape == (3, 2) and not out.probs.any() and not out.valid.any()
+    assert "none of the 3 points has finite coordinates" in capsys.readouterr().err
