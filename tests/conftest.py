@@ -130,3 +130,14 @@ def toy_config(tmp_path: Path) -> Path:
         "train: {epochs: 3, batch_size: 16, progress: never}\n"
     )
     return path
+
+
+@pytest.fixture
+def toy_run(toy_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
+    """A finished one-epoch run of the toy experiment (its output read away)."""
+    from sciformer.cli import main
+
+    folder = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(folder), "train.epochs=1"]) == 0
+    capsys.readouterr()
+    return folder

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sciformer.errors import ConfigError, DataError
+from sciformer.utils.limits import available_memory
 
 
 def _check_heads(dim: int, num_heads: int) -> None:
@@ -102,6 +103,23 @@ def build_attention_bias(
     return bias.masked_fill(mask, float("-inf"))  # broadcast (n, H|1, L|1, L)
 
 
+DROPOUT_WEIGHT_BLOCKS = 3  # (n, H, L, L) blocks SDPA holds at once with dropout on CPU (scores, weights, mask; measured)
+
+
+def check_dropout_weights_fit(n: int, heads: int, length: int, element_size: int) -> None:
+    """With attention dropout, SDPA on CPU builds the (n, H, L, L) weights (about
+    :data:`DROPOUT_WEIGHT_BLOCKS` such blocks at once; without dropout it works in O(L) memory).
+    Where they exceed the memory the system has available, raise MemoryError (one line from the
+    command line) instead of letting the kernel's out-of-memory killer end the process silently."""
+    need = DROPOUT_WEIGHT_BLOCKS * n * heads * length * length * element_size
+    if need < 2**26:  # 64 MiB: not worth reading /proc/meminfo each call
+        return
+    free = available_memory()
+    if free is not None and need > free:
+        raise MemoryError(f"Tried to allocate {need} bytes: attention dropout over {length} tokens builds "
+                          f"({n}, {heads}, {length}, {length}) weights, beyond the {free} bytes available")
+
+
 def _no_key_bias_grad(grad: torch.Tensor) -> torch.Tensor:
     """The fused (3D,) bias gradient with its key part [D:2D] set to zero."""
     d = grad.shape[0] // 3
@@ -164,9 +182,10 @@ class MultiHeadAttention(nn.Module):
         n, length, _ = x.shape
         q, k, v = (split_heads(t, self.num_heads) for t in self.qkv(x))  # each (n, H, L, d)
         mask = build_attention_bias(attn_bias, key_padding_mask, n, length, q.dtype)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.attn_drop if self.training else 0.0
-        )  # (n, H, L, d)
+        dropout = self.attn_drop if self.training else 0.0
+        if dropout > 0 and q.device.type == "cpu":
+            check_dropout_weights_fit(n, self.num_heads, length, q.element_size())
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (n, H, L, d)
         return self.out(merge_heads(y))  # (n, L, D)
 
     def extra_repr(self) -> str:

@@ -21,7 +21,7 @@ from sciformer.engine.folder_lock import drop_folder_lock, missing_folders, open
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
-from sciformer.engine.report import EVALUATION_FILES, write_evaluation_set
+from sciformer.engine.report import EVALUATION_FILES, check_predictions_replaceable, write_evaluation_set
 from sciformer.engine.runfolder import OWN_FOLDERS
 from sciformer.engine.signals import outputs_complete, undone_on_abrupt_exit
 from sciformer.errors import SciformerError
@@ -57,8 +57,11 @@ def every_point_line(full: dict[str, Any], views: dict[str, Any] | None) -> str:
 
 
 def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
-                        extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext()) -> dict[str, Any]:
-    """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions."""
+                        extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext(),
+                        only_recorded: bool = False) -> dict[str, Any]:
+    """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions
+    (:func:`~sciformer.engine.report.write_evaluation_set`; ``only_recorded``: an existing ``predictions/``
+    is replaced only where it holds nothing but an earlier evaluation's recorded set)."""
     cfg = exp.cfg
     split = cfg.evaluation.split
     votes = cfg.evaluation.votes
@@ -76,7 +79,7 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
             facts["test_views"] = {"tta_rotations": views.rotations, "tta_flip": views.flip, "overlap": views.overlap}
         payload = write_evaluation_set(out_dir, split, scores, task.info.class_names, facts, lambda stage: task.export_predictions(
             predict_fn(model, device, cfg.train.amp), stage, cfg.evaluation.batch_size, cfg.export, split=split,
-            score=label_scorer(task.info.class_names, task.ignore_index), views=views))
+            score=label_scorer(task.info.class_names, task.ignore_index), views=views), only_recorded=only_recorded)
         outputs_complete()  # the whole set is written: a signal now cannot make it look failed
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
         if "full_resolution" in payload:  # whole scenes: the table scores the evaluation items; this, every point
@@ -106,7 +109,10 @@ def evaluation_folder(files: list[Path], split: str) -> Path:
 
 def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse a run folder (its metrics.json is the run's own test result), a file, and, unless
-    ``overwrite``, a folder that already holds an evaluation's files."""
+    ``overwrite``, a folder that already holds an evaluation's files. With ``overwrite``, a
+    ``predictions/`` holding anything no earlier evaluation recorded writing (a user's file, or
+    the unrecorded set of an older sciformer) is refused too, naming its first such entry:
+    ``--overwrite`` replaces an earlier evaluation's files, never others."""
     if out_dir.exists() and not out_dir.is_dir():
         raise SciformerError(f"--output-dir {out_dir} is a file; expected a folder")
     real = Path(os.path.realpath(out_dir))  # through links, as far as the path exists
@@ -114,7 +120,10 @@ def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
     if (real / "checkpoints").is_dir() or (real / ".lock").exists() or inside:
         raise SciformerError(f"--output-dir {out_dir} is a run folder or one of its own folders (a run's metrics.json is its test result); "
                              "choose another folder, e.g. its evaluation/")
-    if overwrite or not out_dir.is_dir():
+    if not out_dir.is_dir():
+        return
+    if overwrite:
+        check_predictions_replaceable(out_dir)
         return
     found = [name for name in EVALUATION_FILES if (out_dir / name).exists()]
     if found:
@@ -170,5 +179,5 @@ def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_d
         check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
         extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
             {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
-        evaluate_and_export(exp, task, model, device, out_dir, extra=extra)
+        evaluate_and_export(exp, task, model, device, out_dir, extra=extra, only_recorded=True)
     return out_dir

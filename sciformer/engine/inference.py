@@ -28,8 +28,12 @@ RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
 
 def checkpoint_experiment(state: dict[str, Any], ckpt_path: Path, overrides: list[str]) -> Experiment:
     """The experiment stored in a checkpoint, validated; errors name the checkpoint."""
+    from sciformer.engine.runfolder import checkpoint_int
+
     if not isinstance(state.get("config_dir"), str):
         raise CheckpointError(f"checkpoint '{ckpt_path}' lacks 'config_dir' (the folder its config paths are relative to)")
+    for key in ("epoch", "global_step"):  # reported in evaluations' metrics.json: a tampered value is refused, not reported
+        checkpoint_int(state, key, str(ckpt_path), 0)
     stored = ((state.get("config") or {}).get("model") or {}).get("name")
     asked = next((o.split("=", 1)[1].strip().strip("'\"") for o in reversed(overrides) if o.split("=", 1)[0].strip() == "model.name"), stored)
     if asked != stored:  # before its parameters are judged against the other model's keys

@@ -43,7 +43,13 @@ def prepare_training(
     """
     from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
     from sciformer.engine.inference import RESUME_KEYS, checkpoint_experiment
-    from sciformer.engine.runfolder import RunFolderError, check_new_run_dir, check_resume_config, check_resume_location
+    from sciformer.engine.runfolder import (
+        RunFolderError,
+        check_new_run_dir,
+        check_resume_config,
+        check_resume_location,
+        check_run_identity,
+    )
     from sciformer.engine.weights import resolve_init_from
 
     overrides = [str(o) for o in overrides]
@@ -63,6 +69,7 @@ def prepare_training(
             raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)} "
                                   "(a best.pt holds weights only); start a new run from its weights with --init-from")
         run_dir = check_resume_location(ckpt_path)
+        check_run_identity(run_dir, state, ckpt_path)
         exp = checkpoint_experiment(state, ckpt_path, overrides)
         check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
         stored_init = ((state["config"].get("train") or {}).get("init_from"))

@@ -15,8 +15,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import shutil
 import stat
 from pathlib import Path
 from typing import IO, Any
@@ -201,11 +203,27 @@ def clean_temporaries(run_dir: Path) -> list[Path]:
     return removed
 
 
-def _int(state: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+def checkpoint_int(state: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """``state[key]`` (``default`` when absent) as a non-negative integer; a one-line CheckpointError otherwise."""
     value = state.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
         raise CheckpointError(f"checkpoint '{where}': '{key}' is {str(value)[:40]!r}; expected a non-negative integer")
     return value
+
+
+def check_run_identity(run_dir: Path, state: dict[str, Any], ckpt_path: Path) -> None:
+    """Refuse a ``last.pt`` that another run wrote (copied into this folder): its ``run_id`` differs
+    from the one the folder's ``env.json`` records. Runs older than run ids, and a folder whose
+    env.json is missing or unreadable, have nothing to compare."""
+    ours = state.get("run_id")
+    try:
+        theirs = json.loads((run_dir / "env.json").read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(ours, str) and isinstance(theirs, str) and ours != theirs:
+        raise RunFolderError(f"--resume {run_dir}: '{ckpt_path}' was written by another run (run id {ours[:12]}; the folder's "
+                             f"env.json names {theirs[:12]}): resume that run in its own folder, or start a new run from "
+                             "these weights with --init-from")
 
 
 def check_resume_location(ckpt_path: Path) -> Path:
@@ -241,9 +259,9 @@ def check_resume_location(ckpt_path: Path) -> Path:
 def check_resume_state(state: dict[str, Any], where: str) -> dict[str, Any]:
     """The training-position fields of a checkpoint, checked; one-line CheckpointError otherwise."""
     out: dict[str, Any] = {
-        "epoch": _int(state, "epoch", where),
-        "step_in_epoch": _int(state, "step_in_epoch", where, 0),
-        "global_step": _int(state, "global_step", where),
+        "epoch": checkpoint_int(state, "epoch", where),
+        "step_in_epoch": checkpoint_int(state, "step_in_epoch", where, 0),
+        "global_step": checkpoint_int(state, "global_step", where),
     }
     partial = state.get("partial", (0.0, 0))
     if (not isinstance(partial, (list, tuple)) or len(partial) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in partial)
@@ -268,7 +286,7 @@ _FIXED_SECTIONS = ("model", "data")
 
 
 def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: str) -> None:
-    """Refuse overrides on ``--resume`` that change the model, the data or the optimizer type."""
+    """Refuse overrides on ``--resume`` that change the model, the data, the optimizer type or the seed."""
     for section in _FIXED_SECTIONS:
         a, b = stored.get(section, {}), asked.get(section, {})
         if a != b:
@@ -281,20 +299,30 @@ def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: st
     a_opt, b_opt = stored.get("optimizer", {}).get("name"), asked.get("optimizer", {}).get("name")
     if a_opt != b_opt:
         raise CheckpointError(f"--resume cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")
+    a_seed, b_seed = (stored.get("train") or {}).get("seed"), (asked.get("train") or {}).get("seed")
+    if a_seed != b_seed:  # it drew the first weights and, where data.split.seed is null, the split: a new one would test on training pixels
+        raise CheckpointError(f"--resume cannot change train.seed (checkpoint '{where}' has {a_seed!r}, asked {b_seed!r}): it drew "
+                              "the run's first weights and, unless data.split.seed is set, its split; start a new run instead")
 
 
 TEST_RESULT_FILES = (*EVALUATION_TABLES, "confusion_matrix.png")  # the finished mark first
 
 
 def retire_test_result(run_dir: Path, log: Any = print) -> None:
-    """Remove a run's test result before its best.pt is replaced (a resumed run that trains on):
-    it describes the old best.pt, so a run that fails from then on never shows it beside the new one."""
+    """Remove a run's test result and its predictions before its best.pt is replaced (a resumed
+    run that trains on): they describe the old best.pt, so a run that fails from then on never
+    shows them beside the new one. ``predictions/`` is the run's own folder (never a link:
+    :func:`check_resume_location`); the final evaluation writes both anew."""
     removed = []
     for name in TEST_RESULT_FILES:
         path = run_dir / name
         if _regular(path):
             path.unlink()
             removed.append(name)
-    if "metrics.json" in removed:
+    predictions = run_dir / "predictions"
+    if _folder(predictions):
+        shutil.rmtree(predictions)
+        removed.append("predictions/")
+    if removed:
         log(f"best.pt changes: the earlier test result ({', '.join(removed)}) no longer describes it and was removed; "
             "the final evaluation writes it anew")

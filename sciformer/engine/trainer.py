@@ -3,7 +3,7 @@
 Run folder layout::
 
     config.yaml             resolved experiment (defaults filled in)
-    env.json                versions, device, seed, command line
+    env.json                versions, device, seed, command line, run id (matched by --resume)
     metrics.csv             one row per epoch
     checkpoints/last.pt     latest state (every epoch and every N steps), atomic
     checkpoints/best.pt     best on validation (never on test)
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -131,6 +132,7 @@ class Trainer:
         self.partial = (0.0, 0)  # loss sum and count of the epoch in progress
         self.best = new_best(t.monitor)
         self.history: list[dict[str, Any]] = []
+        self.run_id = str((resume_state or {}).get("run_id") or uuid.uuid4().hex)  # in last.pt and env.json: a copied last.pt is told apart
         if resume_state is not None:
             self._restore(resume_state)
 
@@ -153,6 +155,7 @@ class Trainer:
             "history": list(self.history),
             "init_from": self.init_from,
             "ema": self.ema.state_dict() if self.ema is not None else None,
+            "run_id": self.run_id,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -228,6 +231,7 @@ class Trainer:
         env["world_size"] = self.dist.world_size
         env["resumed_from_epoch"] = self.epoch if self.resume_state is not None else None
         env["init_from"] = self.init_from
+        env["run_id"] = self.run_id
         atomic_write_text(self.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
         self.task.save_artifacts(self.run_dir)
 

@@ -39,6 +39,19 @@ def max_array_bytes() -> int:
     return int(value * _UNITS[unit])
 
 
+def available_memory() -> int | None:
+    """Bytes the system can still hand out without swapping (``MemAvailable`` of ``/proc/meminfo``);
+    None where that is not known (not Linux, an old kernel)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":

@@ -156,3 +156,20 @@ def test_projection_modules_and_heads() -> None:
     assert heads.shape == (2, 3, 5, 4)
     torch.testing.assert_close(heads[:, 1], x[..., 4:8])
     torch.testing.assert_close(merge_heads(heads), x)
+
+
+def test_attention_dropout_beyond_the_available_memory_is_refused_before_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropout makes SDPA build (n, H, L, L) weights on CPU (without it, O(L) memory): a size the
+    system cannot hold is a MemoryError before the kernel's OOM killer would end the process."""
+    from sciformer.attention import dense
+
+    attn = dense.MultiHeadAttention(8, 2, attn_drop=0.1).train()
+    x = torch.randn(4, 1024, 8)  # 3 blocks of 4 x 2 x 1024 x 1024 floats: 96 MiB
+    monkeypatch.setattr(dense, "available_memory", lambda: 50 * 2**20)
+    with pytest.raises(MemoryError, match=r"Tried to allocate 100663296 bytes: attention dropout over 1024 tokens"):
+        attn(x)
+    attn.eval()
+    assert attn(x).shape == (4, 1024, 8)  # no dropout: no weights built, nothing refused
+    attn.train()
+    monkeypatch.setattr(dense, "available_memory", lambda: 200 * 2**20)
+    assert attn(x).shape == (4, 1024, 8)

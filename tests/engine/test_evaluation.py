@@ -16,11 +16,8 @@ from sciformer.engine.folder_lock import drop_folder_lock, open_folder_lock
 
 
 @pytest.fixture
-def run(toy_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
-    folder = tmp_path / "run"
-    assert main(["train", "-c", str(toy_config), "-o", str(folder), "train.epochs=1"]) == 0
-    capsys.readouterr()
-    return folder
+def run(toy_run: Path) -> Path:
+    return toy_run
 
 
 def _one_error_line(capsys: pytest.CaptureFixture) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 from sciformer.engine import report
 from sciformer.engine.metrics import scores_from_confusion
-from sciformer.engine.report import write_evaluation_set
+from sciformer.engine.report import PREDICTIONS_RECORD, write_evaluation_set
 from sciformer.utils.atomic import stale_stages
 
 SCORES = scores_from_confusion(np.array([[3, 1], [0, 4]]))
@@ -41,6 +41,14 @@ def _snapshot(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def _predictions(folder: Path) -> dict[str, str]:
+    """The exported files of ``folder/predictions`` -> their text; its record must name exactly them."""
+    files = _snapshot(folder / "predictions")
+    record = json.loads(files.pop(PREDICTIONS_RECORD))
+    assert record["files"] == sorted(files) and record["folders"] == []
+    return files
+
+
 @pytest.fixture
 def earlier(tmp_path: Path) -> Path:
     """A folder holding a whole earlier evaluation and a file of the user's."""
@@ -54,7 +62,7 @@ def test_a_new_set_replaces_the_whole_old_one(earlier: Path) -> None:
     payload = write_evaluation_set(earlier, "test", SCORES, NAMES, {"round": 2}, _exporter({"shared.png": "new", "new_pred.npy": "new"}))
     assert payload["round"] == 2 and payload["written"] == ["new_pred.npy", "shared.png"]
     assert json.loads((earlier / "metrics.json").read_text())["round"] == 2
-    assert _snapshot(earlier / "predictions") == {"new_pred.npy": "new", "shared.png": "new"}  # the old-only file is gone too
+    assert _predictions(earlier) == {"new_pred.npy": "new", "shared.png": "new"}  # the old-only file is gone too
     assert sorted(p.name for p in earlier.iterdir()) == ["confusion_matrix.csv", "metrics.json", "notes.txt", "per_class.csv", "predictions"]
 
 
@@ -142,7 +150,7 @@ def test_a_linked_predictions_folder_is_replaced_never_followed(earlier: Path, t
     shutil.rmtree(earlier / "predictions")
     (earlier / "predictions").symlink_to(target)
     write_evaluation_set(earlier, "test", SCORES, NAMES, {}, _exporter({"p.npy": "new"}))
-    assert not (earlier / "predictions").is_symlink() and _snapshot(earlier / "predictions") == {"p.npy": "new"}
+    assert not (earlier / "predictions").is_symlink() and _predictions(earlier) == {"p.npy": "new"}
     assert _snapshot(target) == {"keep.npy": "theirs"}
 
 
@@ -153,7 +161,7 @@ import os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from sciformer.engine import signals
-from sciformer.engine.report import write_evaluation_set
+from sciformer.engine.report import PREDICTIONS_RECORD, write_evaluation_set
 from sciformer.engine.metrics import scores_from_confusion
 import numpy as np
 signals.terminate_as_interrupt(process=True)
@@ -206,5 +214,5 @@ def test_a_kill_after_the_new_predictions_are_in_leaves_no_old_metrics(earlier: 
     proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_SWAP, str(earlier)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == -9, proc.stderr
-    assert _snapshot(earlier / "predictions") == {"new.npy": "new"}
+    assert _predictions(earlier) == {"new.npy": "new"}  # with its record: a later --overwrite may replace it
     assert not (earlier / "metrics.json").exists()

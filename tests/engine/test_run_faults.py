@@ -3,7 +3,9 @@ run folder, keyed dropout. A run never looks finished (no metrics.json) when it 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,6 +202,8 @@ def test_a_resumed_run_that_fails_never_shows_its_old_test_result_beside_a_new_b
     run = tmp_path / "run"
     assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=1"]) == 0
     assert json.loads((run / "metrics.json").read_text())["best_epoch"] == 1
+    (run / "predictions").mkdir()  # as a task that exports writes them: the old best.pt's map, which goes with its result
+    (run / "predictions" / "map.npy").write_bytes(b"the old best.pt's map")
     monkeypatch.setattr(trainer, "improves", lambda *args: True)  # every validation gives a new best.pt
     real_save = trainer.save_checkpoint
 
@@ -218,5 +222,30 @@ def test_a_resumed_run_that_fails_never_shows_its_old_test_result_beside_a_new_b
     assert main(["train", "--resume", str(run), "train.epochs=3"]) == 2
     best_epoch = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["epoch"]
     assert best_epoch == (2 if fail_on == "last.pt" else 3)
-    assert not any((run / name).exists() for name in ("metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png"))
+    assert not any((run / name).exists() for name in ("metrics.json", "per_class.csv", "confusion_matrix.csv", "confusion_matrix.png",
+                                                      "predictions"))
     assert "earlier test result" in (run / "train.log").read_text()
+
+
+def test_a_run_keeps_its_id_through_resumes_and_copies_of_the_whole_folder(tmp_path: Path) -> None:
+    """last.pt and env.json name the same run id, which a resume keeps; a copy of the whole folder
+    is the same run and resumes (a last.pt of another run does not: the hardening corpus)."""
+    cfg = _experiment(tmp_path, epochs=1)
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(cfg), "-o", str(run)]) == 0
+
+    def ids(folder: Path) -> tuple[str, str]:
+        env = json.loads((folder / "env.json").read_text())["run_id"]
+        return env, torch.load(folder / "checkpoints" / "last.pt", weights_only=True)["run_id"]
+
+    first, in_ckpt = ids(run)
+    assert first == in_ckpt and len(first) == 32
+    assert main(["train", "--resume", str(run), "train.epochs=2"]) == 0
+    assert ids(run) == (first, first)
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    assert main(["train", "--resume", str(copy), "train.epochs=3"]) == 0
+    assert ids(copy) == (first, first)
+    other = tmp_path / "other"
+    assert main(["train", "-c", str(cfg), "-o", str(other)]) == 0
+    assert ids(other)[0] != first

@@ -160,6 +160,7 @@ for _id, _ovr, _expect in [
     ("resume-changed-width", "model.dim=16", ("--resume cannot change model.dim",)),
     ("resume-changed-optimizer", "optimizer.name=sgd", ("--resume cannot change optimizer.name",)),
     ("resume-changed-data", "data.patch_size=5", ("--resume cannot change data.patch_size",)),
+    ("resume-changed-seed", "train.seed=5", ("--resume cannot change train.seed",)),  # redrew the split (data.split.seed null)
 ]:
     def _build(d: Path, t: Trained, ovr: str = _ovr) -> list[str]:
         return ["train", "--resume", str(_copy_run(d, t)), ovr]
@@ -184,11 +185,22 @@ for _id, _edit, _expect in [
     ("ckpt-classes-huge", lambda s: s["data_info"].update(num_classes=10**12), ("data_info.num_classes",)),
     ("ckpt-channels-negative", lambda s: s["data_info"].update(in_channels=-5), ("data_info.in_channels",)),
     ("ckpt-class-names-short", lambda s: s["data_info"].update(class_names=["a"]), ("class_names",)),
+    # another run's last.pt copied into this folder (its split and seed would replace the folder's)
+    ("ckpt-of-another-run", lambda s: s.update(run_id="0" * 32), ("was written by another run", "--init-from")),
 ]:
     def _build(d: Path, t: Trained, edit: Callable[[dict], None] = _edit) -> list[str]:
         return _tampered_resume(d, t, edit)
 
     case(_id, *_expect)(_build)
+
+
+for _id, _edit, _expect in [("evaluate-ckpt-epoch-text", lambda s: s.update(epoch="x"), "'epoch' is 'x'"),
+                            ("evaluate-ckpt-step-negative", lambda s: s.update(global_step=-5), "'global_step' is '-5'")]:
+    def _build(d: Path, t: Trained, edit: Callable[[dict], None] = _edit) -> list[str]:  # were written into metrics.json
+        ckpt = corpus.save_tampered(t.checkpoint(), d / "x.pt", edit)
+        return ["evaluate", "--checkpoint", str(ckpt), "--output-dir", str(d / "eval")]
+
+    case(_id, _expect, "non-negative integer")(_build)
 
 
 @case("ckpt-classes-huge-evaluate", "data_info.num_classes")
