@@ -18,17 +18,19 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import numbers
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sciformer.errors import DataError, SciformerError
+from sciformer.errors import ConfigError, DataError, SciformerError
 
 PathLike = str | os.PathLike[str]
 _POINT_FIELDS = ("colour", "normal", "intensity")  # per-point inputs a point file carries besides coordinates
@@ -77,9 +79,12 @@ class Predictor:
         from sciformer.engine.inference import predict_fn, predictor_state
         from sciformer.registry import DATASETS
 
-        sources = [run_or_checkpoint] if isinstance(run_or_checkpoint, (str, os.PathLike)) else list(run_or_checkpoint)
+        single = isinstance(run_or_checkpoint, (str, os.PathLike))
+        sources = [run_or_checkpoint] if single else list(run_or_checkpoint) if isinstance(run_or_checkpoint, Sequence) else []
+        if not sources or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+            raise SciformerError(f"load: expected a run folder, a checkpoint file or a list of them, got {run_or_checkpoint!r:.80}")
         self.source = Path(sources[0]) if len(sources) == 1 else [Path(s) for s in sources]
-        self.experiment, state, self.model, self.device = load_models(sources, list(overrides), device)
+        self.experiment, state, self.model, self.device = load_models(sources, _override_list(overrides), device)
         self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
         self.members = len(sources)  # 1, or the checkpoints of an ensemble
@@ -143,7 +148,12 @@ class Predictor:
         if unknown:
             raise SciformerError(f"predict: unknown option(s) {', '.join(unknown)}; expected {', '.join(PredictOptions.FLAGS)}")
         options.pop("probabilities", None)
-        batch_size = int(batch_size or self.batch_size)
+        from sciformer.config import MAX_BATCH
+
+        if batch_size is None:
+            batch_size = self.batch_size
+        elif not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
+            raise SciformerError(f"predict: batch_size must be a whole number in 1..{MAX_BATCH}, got {batch_size!r:.40}")
         with tempfile.TemporaryDirectory(prefix="sciformer-predict-") as tmp:
             tmp_dir = Path(tmp)
             if isinstance(data, (str, os.PathLike)):
@@ -151,7 +161,7 @@ class Predictor:
                     raise SciformerError("predict: features= goes with a point array; a file carries its own")
                 input_path = Path(data)
                 if not input_path.is_file():
-                    raise DataError(f"{input_path}: no such file")
+                    raise DataError(f"{input_path}: " + ("a folder; predict takes one file" if input_path.is_dir() else "no such file"))
             elif self.kind == "hsi":
                 input_path = self._write_cube(tmp_dir, data)
             else:
@@ -199,6 +209,8 @@ class Predictor:
 
     def _write_points(self, tmp_dir: Path, points: Any, features: Any) -> Path:
         coord = _numpy(points)
+        if coord.dtype.kind not in "biuf":  # complex, text, objects: never a silent cast
+            raise DataError(f"predict: points must be real numbers, got dtype {coord.dtype}")
         if coord.ndim != 2 or coord.shape[1] != 3:
             raise DataError(f"predict: points must be (n, 3) coordinates, got shape {coord.shape}; "
                             "pass per-point inputs with features=")
@@ -210,9 +222,14 @@ class Predictor:
                     raise DataError(f"predict: unknown feature '{key}'; expected one of {', '.join(_POINT_FIELDS)}")
                 arrays[name] = _numpy(value)
         elif features is not None:
-            table = _numpy(features).reshape(len(coord), -1)  # (n, c)
+            table = _numpy(features)
             wanted = [f for f in self.features if f in _POINT_FIELDS]
             widths = [_FIELD_WIDTH[f] for f in wanted]
+            if table.ndim == 1 and sum(widths) == 1:
+                table = table[:, None]  # (n,) -> (n, 1): one feature of width one
+            if table.ndim != 2 or len(table) != len(coord):  # never reshaped: a (c, n) table would scramble points
+                raise DataError(f"predict: features must be an (n, c) table with a row per point (n = {len(coord)}), "
+                                f"got shape {table.shape}")
             if table.shape[1] != sum(widths):
                 raise DataError(f"predict: features has {table.shape[1]} columns; the model takes "
                                 f"{' + '.join(f'{f} ({w})' for f, w in zip(wanted, widths, strict=True)) or 'none'}")
@@ -226,6 +243,24 @@ class Predictor:
         path = tmp_dir / "points.npz"
         np.savez(path, **arrays)
         return path
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Give back what a run changes for the whole process: torch's thread count and the global
+    random generators (Python's, numpy's, torch's), so the caller's code runs on as before."""
+    import random
+
+    import torch
+
+    threads, py_state, np_state, torch_state = torch.get_num_threads(), random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -251,7 +286,9 @@ def _override_list(overrides: Sequence[str] | Mapping[str, Any] | None) -> list[
         return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
     if isinstance(overrides, str):
         return [overrides]
-    return [str(o) for o in overrides]
+    if not isinstance(overrides, Sequence) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"overrides: expected 'key=value' strings (a list) or a dict, got {overrides!r:.80}")
+    return list(overrides)
 
 
 def train(
@@ -277,10 +314,13 @@ def train(
     from sciformer.engine.launch import prepare_training, run_training
     from sciformer.engine.reporting import read_metrics_csv
 
+    if not isinstance(config, (str, os.PathLike, Mapping, type(None))):
+        raise ConfigError(f"train: config must be a YAML path or a dict of sections, got {config!r:.80}")
     source = dict(config) if isinstance(config, Mapping) else config
-    exp, run_dir, state = prepare_training(source, _override_list(overrides), output_dir=output_dir, resume=resume,
-                                           seed=seed, base_dir=base_dir, init_from=init_from)
-    result = run_training(exp, run_dir, state)
+    with _process_state_kept():  # the run sets torch's threads and seeds the global generators for itself
+        exp, run_dir, state = prepare_training(source, _override_list(overrides), output_dir=output_dir, resume=resume,
+                                               seed=seed, base_dir=base_dir, init_from=init_from)
+        result = run_training(exp, run_dir, state)
     csv_path = Path(result.run_dir) / "metrics.csv"
     history = read_metrics_csv(csv_path) if csv_path.is_file() else []
     return TrainResult(Path(result.run_dir), dict(result.test or {}), int(result.best_epoch), history)

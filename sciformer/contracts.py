@@ -19,6 +19,8 @@ and dicts only, so checkpoints load with ``weights_only=True``); the dataset's
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -81,6 +83,11 @@ class BuildContext:
         return p if p.is_absolute() else (self.base_dir / p)
 
 
+def _real(value: Any) -> bool:
+    """A finite real number (numpy's too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class PredictOptions:
     """How a dataset's ``predictor`` treats a new file (``sciformer predict`` flags).
@@ -114,11 +121,22 @@ class PredictOptions:
                 object.__setattr__(self, "wavelengths", values)  # frozen: a hashable tuple of nm
             except (TypeError, ValueError):
                 raise DataError("wavelengths: expected a list of band centres in nm, a file or 'a,b,...'") from None
-        if not 0.0 <= self.overlap <= 4.0:
-            raise SciformerError(f"--overlap must be between 0 and 4 (context points per core point), got {self.overlap}")
+        for name in ("flip", "probabilities", "allow_band_mismatch"):  # from Python too: "no" is not False
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise SciformerError(f"{self.FLAGS[name]}: expected true or false, got {getattr(self, name)!r}")
+        for name in ("columns", "category", "labels"):
+            if not isinstance(getattr(self, name), (str, os.PathLike, type(None))):
+                raise SciformerError(f"{self.FLAGS[name]}: expected text, got {getattr(self, name)!r}")
+        if not _real(self.overlap) or not 0.0 <= self.overlap <= 4.0:
+            raise SciformerError(f"--overlap must be between 0 and 4 (context points per core point), got {self.overlap!r}")
         for name in ("rotations", "votes"):
-            if not 1 <= getattr(self, name) <= 100:
-                raise SciformerError(f"{self.FLAGS[name]} must be between 1 and 100, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (_real(value) and value == int(value)) or not 1 <= value <= 100:
+                raise SciformerError(f"{self.FLAGS[name]} must be a whole number between 1 and 100, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy's or 4.0: the predictors count with it
+        object.__setattr__(self, "overlap", float(self.overlap))
+        for name in ("flip", "probabilities", "allow_band_mismatch"):
+            object.__setattr__(self, name, bool(getattr(self, name)))
 
     @property
     def single_pass(self) -> bool:

@@ -134,3 +134,54 @@ def test_shape_predict_equals_the_command_line(tmp_path: Path) -> None:
     for pred in (model.predict(shape, votes=3), model.predict(points, votes=3)):
         np.testing.assert_array_equal(pred.probabilities, np.load(out))
         assert pred.labels.shape == () and int(pred.labels) == int(np.load(out).argmax())
+
+
+def test_a_run_leaves_the_callers_threads_and_random_generators_as_they_were(hsi: dict[str, Path], tmp_path: Path) -> None:
+    """train.threads and the run's seeding hold for the run only: the caller's code goes on as before."""
+    import random
+
+    torch.set_num_threads(2)
+    def seed_all() -> None:
+        random.seed(11)
+        np.random.seed(11)
+        torch.manual_seed(11)
+
+    seed_all()
+    expected = (random.random(), np.random.random(), torch.rand(1).item())
+    seed_all()
+    sciformer.train(hsi["yaml"], ["train.threads=1"], output_dir=tmp_path / "run")
+    assert torch.get_num_threads() == 2
+    assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
+
+
+def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s3dis: dict[str, Path], tmp_path: Path) -> None:
+    """Wrong types raise sciformer's errors naming the argument, never a bare TypeError from deep inside
+    nor a silent reinterpretation (a (c, n) feature table, flip="no", batch_size=0)."""
+    Error = sciformer.api.SciformerError
+    for bad in (None, 5, []):
+        with pytest.raises(Error, match="load: expected a run folder"):
+            sciformer.load(bad)
+    for kwargs, needle in [({"config": 5}, "config must be a YAML path"), ({"config": hsi["yaml"], "overrides": 5}, "overrides: expected")]:
+        with pytest.raises(Error, match=needle):
+            sciformer.train(**kwargs, output_dir=tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+    model = sciformer.load(hsi["run"], overrides="evaluation.batch_size=4")  # one override as a string, as train takes it
+    assert model.batch_size == 4
+    cube = np.load(hsi["cube"])
+    for kwargs, needle in [({"batch_size": 0}, "batch_size must be"), ({"batch_size": 1.5}, "batch_size must be"),
+                           ({"batch_size": "x"}, "batch_size must be")]:
+        with pytest.raises(Error, match=needle):
+            model.predict(cube, **kwargs)
+    with pytest.raises(Error, match="a folder; predict takes one file"):
+        model.predict(tmp_path)
+    points = sciformer.load(s3dis["run"], device="cpu")
+    table = np.loadtxt(s3dis["room"])  # x y z r g b
+    for kwargs, needle in [({"features": table[:, 3:6].T.copy()}, r"an \(n, c\) table with a row per point"),
+                           ({"features": table[:-1, 3:6]}, "a row per point"),
+                           ({"features": np.concatenate([table[:, 3:6]] * 2)[:, :3].reshape(-1, 2)[: len(table)]}, "columns"),
+                           ({"flip": "no"}, "--tta-flip: expected true or false"), ({"rotations": "x"}, "--tta-rotations"),
+                           ({"overlap": "x"}, "--overlap")]:
+        with pytest.raises(Error, match=needle):
+            points.predict(table[:, :3], **{"features": table[:, 3:6], **kwargs})
+    with pytest.raises(Error, match="points must be real numbers"):
+        points.predict(table[:, :3] + 1j, features=table[:, 3:6])
