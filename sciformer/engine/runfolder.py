@@ -167,19 +167,19 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str]
     created = not run_dir.exists()
     lock_created = not (run_dir / ".lock").exists()
     parents = missing_folders(run_dir)[1:]  # the folders above run_dir to create, innermost first
-    handle = _open_lock(run_dir)
-    if fresh:
-        try:
+    lock = RunLock(run_dir, _open_lock(run_dir), created, parents, lock_created)
+    try:  # a refusal, or a signal (SIGTERM reads as Ctrl-C), from here on leaves no folder of only a .lock
+        if fresh:
             check_new_run_dir(run_dir, leftovers=leftovers, resume_hint=resume_hint)  # another process may have finished a run here meanwhile
-        except RunFolderError:
-            handle.close()
-            raise
-    clean_temporaries(run_dir)
-    if fresh:  # a taken-over run's TensorBoard events (checked to be nothing else) would mix with this run's
-        for path in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-    return RunLock(run_dir, handle, created, parents, lock_created)
+        clean_temporaries(run_dir)
+        if fresh:  # a taken-over run's TensorBoard events (checked to be nothing else) would mix with this run's
+            for path in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _open_lock(run_dir: Path) -> IO[str]:

@@ -254,3 +254,29 @@ def test_compare_prints_and_writes_an_undecodable_run_name_as_its_bytes(toy_conf
     assert written.returncode == 0, written.stderr
     rows = csv_path.read_bytes().splitlines()
     assert len(rows) == 2 and rows[1].startswith(os.fsencode(run) + b",")
+
+
+@pytest.mark.parametrize("where", ["second check", "temporaries"])
+def test_a_signal_while_the_run_folder_is_taken_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """SIGTERM (read as Ctrl-C) between creating the folder with its .lock and handing the lock
+    over once left a folder of only a .lock; the lock now removes what it created."""
+    from sciformer.engine import runfolder
+
+    checks = []
+    real_check = runfolder.check_new_run_dir
+
+    def check(*args, **kwargs):
+        checks.append(1)
+        if where == "second check" and len(checks) == 2:
+            raise KeyboardInterrupt
+        return real_check(*args, **kwargs)
+
+    def clean(run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runfolder, "check_new_run_dir", check)
+    if where == "temporaries":
+        monkeypatch.setattr(runfolder, "clean_temporaries", clean)
+    with pytest.raises(KeyboardInterrupt):
+        runfolder.lock_run_dir(tmp_path / "new" / "parents" / "run")
+    assert not (tmp_path / "new").exists()
