@@ -150,10 +150,13 @@ class Predictor:
         options.pop("probabilities", None)
         from sciformer.config import MAX_BATCH
 
+        if getattr(batch_size, "ndim", None) == 0 and hasattr(batch_size, "item"):  # a torch or numpy 0-d scalar
+            batch_size = batch_size.item()
         if batch_size is None:
             batch_size = self.batch_size
         elif not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
             raise SciformerError(f"predict: batch_size must be a whole number in 1..{MAX_BATCH}, got {batch_size!r:.40}")
+        batch_size = int(batch_size)  # numpy's uint8 would overflow in the batch arithmetic
         with tempfile.TemporaryDirectory(prefix="sciformer-predict-") as tmp:
             tmp_dir = Path(tmp)
             if isinstance(data, (str, os.PathLike)):
@@ -283,12 +286,22 @@ def _override_list(overrides: Sequence[str] | Mapping[str, Any] | None) -> list[
     if overrides is None:
         return []
     if isinstance(overrides, Mapping):
-        return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+        try:  # numpy / torch values as the plain numbers and lists they hold
+            return [f"{k}={v if isinstance(v, str) else json.dumps(v, default=_plain)}" for k, v in overrides.items()]
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"overrides: a value cannot be written as YAML ({exc})") from None
     if isinstance(overrides, str):
         return [overrides]
     if not isinstance(overrides, Sequence) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError(f"overrides: expected 'key=value' strings (a list) or a dict, got {overrides!r:.80}")
     return list(overrides)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy or torch value as Python numbers / lists (for ``json.dumps``)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} {value!r:.40}")
 
 
 def train(

@@ -115,6 +115,10 @@ class PredictOptions:
     OPT_IN = ("wavelengths", "allow_band_mismatch")
 
     def __post_init__(self) -> None:
+        for name in ("overlap", "rotations", "votes", "flip", "probabilities", "allow_band_mismatch"):
+            value = getattr(self, name)
+            if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a torch or numpy 0-d scalar
+                object.__setattr__(self, name, value.item())
         if self.wavelengths is not None and not isinstance(self.wavelengths, (str, os.PathLike)):
             try:
                 values = tuple(float(v) for v in np.asarray(self.wavelengths, dtype=np.float64).reshape(-1))

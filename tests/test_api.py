@@ -174,6 +174,10 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
             model.predict(cube, **kwargs)
     with pytest.raises(Error, match="a folder; predict takes one file"):
         model.predict(tmp_path)
+    # numpy's and torch's scalars are numbers too (a uint8 batch size once overflowed in the batch arithmetic)
+    np.testing.assert_array_equal(model.predict(cube, batch_size=np.uint8(16)).labels, model.predict(cube).labels)
+    np.testing.assert_array_equal(model.predict(cube, batch_size=torch.tensor(16)).labels, model.predict(cube).labels)
+    assert sciformer.api._override_list({"train.epochs": np.int64(2), "a.b": np.array([1, 2])}) == ["train.epochs=2", "a.b=[1, 2]"]
     points = sciformer.load(s3dis["run"], device="cpu")
     table = np.loadtxt(s3dis["room"])  # x y z r g b
     for kwargs, needle in [({"features": table[:, 3:6].T.copy()}, r"an \(n, c\) table with a row per point"),
@@ -183,5 +187,6 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
                            ({"overlap": "x"}, "--overlap")]:
         with pytest.raises(Error, match=needle):
             points.predict(table[:, :3], **{"features": table[:, 3:6], **kwargs})
+    assert points.predict(table[:, :3], features=table[:, 3:6], overlap=torch.tensor(0.5), flip=np.bool_(True)).labels.shape == (len(table),)
     with pytest.raises(Error, match="points must be real numbers"):
         points.predict(table[:, :3] + 1j, features=table[:, 3:6])

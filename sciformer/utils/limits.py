@@ -39,17 +39,33 @@ def max_array_bytes() -> int:
     return int(value * _UNITS[unit])
 
 
+# a container's memory limit and use: cgroup v2, then v1 (a v1 limit near 2^63 means none)
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
 def available_memory() -> int | None:
-    """Bytes the system can still hand out without swapping (``MemAvailable`` of ``/proc/meminfo``);
-    None where that is not known (not Linux, an old kernel)."""
+    """Bytes this process can still be given without swapping: the system's ``MemAvailable``
+    (``/proc/meminfo``), or less where a container's cgroup limit leaves less; None where
+    neither is known (not Linux)."""
+    found = []
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
+            found += [int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")]  # kB
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    for limit_file, usage_file in _CGROUP_FILES:
+        try:
+            with open(limit_file, encoding="ascii") as fh:
+                limit = fh.read().strip()
+            with open(usage_file, encoding="ascii") as fh:
+                usage = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**62:  # "max" (v2) or ~2^63 (v1): no limit
+            found.append(max(0, int(limit) - usage))
+        break
+    return min(found) if found else None
 
 
 def _size(n: float) -> str:

@@ -164,9 +164,9 @@ def test_attention_dropout_beyond_the_available_memory_is_refused_before_it_is_b
     from sciformer.attention import dense
 
     attn = dense.MultiHeadAttention(8, 2, attn_drop=0.1).train()
-    x = torch.randn(4, 1024, 8)  # 3 blocks of 4 x 2 x 1024 x 1024 floats: 96 MiB
+    x = torch.randn(4, 1024, 8)  # 4 blocks of 4 x 2 x 1024 x 1024 floats: 128 MiB
     monkeypatch.setattr(dense, "available_memory", lambda: 50 * 2**20)
-    with pytest.raises(MemoryError, match=r"Tried to allocate 100663296 bytes: attention dropout over 1024 tokens"):
+    with pytest.raises(MemoryError, match=r"Tried to allocate 134217728 bytes: attention dropout over 1024 tokens"):
         attn(x)
     attn.eval()
     assert attn(x).shape == (4, 1024, 8)  # no dropout: no weights built, nothing refused
