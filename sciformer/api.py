@@ -80,8 +80,8 @@ class Predictor:
         from sciformer.registry import DATASETS
 
         single = isinstance(run_or_checkpoint, (str, os.PathLike))
-        sources = [run_or_checkpoint] if single else list(run_or_checkpoint) if isinstance(run_or_checkpoint, Sequence) else []
-        if not sources or not all(isinstance(s, (str, os.PathLike)) for s in sources):
+        sources = [run_or_checkpoint] if single else list(run_or_checkpoint) if isinstance(run_or_checkpoint, Sequence) else [None]
+        if not all(isinstance(s, (str, os.PathLike)) for s in sources):  # (none at all: load_models says so)
             raise SciformerError(f"load: expected a run folder, a checkpoint file or a list of them, got {run_or_checkpoint!r:.80}")
         self.source = Path(sources[0]) if len(sources) == 1 else [Path(s) for s in sources]
         self.experiment, state, self.model, self.device = load_models(sources, _override_list(overrides), device)

@@ -136,7 +136,7 @@ class PredictOptions:
         for name in ("rotations", "votes"):
             value = getattr(self, name)
             if not (_real(value) and value == int(value)) or not 1 <= value <= 100:
-                raise SciformerError(f"{self.FLAGS[name]} must be a whole number between 1 and 100, got {value!r}")
+                raise SciformerError(f"{self.FLAGS[name]} must be between 1 and 100 (a whole number), got {value!r}")
             object.__setattr__(self, name, int(value))  # numpy's or 4.0: the predictors count with it
         object.__setattr__(self, "overlap", float(self.overlap))
         for name in ("flip", "probabilities", "allow_band_mismatch"):

@@ -158,7 +158,7 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
     """Wrong types raise sciformer's errors naming the argument, never a bare TypeError from deep inside
     nor a silent reinterpretation (a (c, n) feature table, flip="no", batch_size=0)."""
     Error = sciformer.api.SciformerError
-    for bad in (None, 5, []):
+    for bad in (None, 5, [3]):
         with pytest.raises(Error, match="load: expected a run folder"):
             sciformer.load(bad)
     for kwargs, needle in [({"config": 5}, "config must be a YAML path"), ({"config": hsi["yaml"], "overrides": 5}, "overrides: expected")]:
