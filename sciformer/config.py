@@ -21,13 +21,15 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -40,9 +42,25 @@ from sciformer.utils.suggest import did_you_mean
 
 
 class Section(BaseModel):
-    """A config section: unknown keys forbidden, values checked on assignment."""
+    """A config section: unknown keys forbidden, values checked on assignment, and no true/false
+    where a number goes (pydantic would read ``train.epochs=true`` as 1)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _number_only(field.annotation):
+            optional = type(None) in get_args(field.annotation)
+            raise ValueError(f"expected a number{' (null: off)' if optional else ''}, got {str(value).lower()}")
+        return value
+
+
+def _number_only(annotation: Any) -> bool:
+    """Whether a field's type takes numbers (int / float, optional) and no bool."""
+    args = [a for a in (get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)) if a is not type(None)]
+    return bool(args) and all(a in (int, float) for a in args)
 
 
 class NamedSection(BaseModel):
