@@ -21,19 +21,18 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from sciformer.config_numbers import bool_for_number
 from sciformer.contracts import METRIC_NAMES
 from sciformer.errors import ConfigError
 from sciformer.registry import DATASETS, MODELS, Registry
@@ -42,25 +41,9 @@ from sciformer.utils.suggest import did_you_mean
 
 
 class Section(BaseModel):
-    """A config section: unknown keys forbidden, values checked on assignment, and no true/false
-    where a number goes (pydantic would read ``train.epochs=true`` as 1)."""
+    """A config section: unknown keys forbidden, values checked on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
-        field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _number_only(field.annotation):
-            optional = type(None) in get_args(field.annotation)
-            raise ValueError(f"expected a number{' (null: off)' if optional else ''}, got {str(value).lower()}")
-        return value
-
-
-def _number_only(annotation: Any) -> bool:
-    """Whether a field's type takes numbers (int / float, optional) and no bool."""
-    args = [a for a in (get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)) if a is not type(None)]
-    return bool(args) and all(a in (int, float) for a in args)
 
 
 class NamedSection(BaseModel):
@@ -319,8 +302,15 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 # ---------------------------------------------------------------------------- loading
 
 
+def _no_bool_for_a_number(model: type[BaseModel], values: Any, key: str, source: str) -> None:
+    found = bool_for_number(model, values, key)
+    if found:
+        raise ConfigError(f"{source}: {found}" if source else found)
+
+
 def _validate_entry(registry: Registry, section: NamedSection, key: str, source: str) -> BaseModel:
     entry = registry.get(section.name, key=f"{key}.name")
+    _no_bool_for_a_number(entry.config, section.params(), key, source)
     try:
         return entry.config.model_validate(section.params())
     except ValidationError as exc:
@@ -332,6 +322,9 @@ def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     _check_values(raw, "", source)
+    for name, field in ExperimentConfig.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, Section):
+            _no_bool_for_a_number(field.annotation, raw.get(name), name, source)
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:

@@ -58,7 +58,9 @@ for _id, _ovr, _expect in [
     ("cfg-lr-nan", "optimizer.lr=.nan", ("optimizer.lr", "finite")),
     ("cfg-seed-negative", "train.seed=-1", ("train.seed",)),
     ("cfg-epochs-true", "train.epochs=true", ("train.epochs", "expected a number, got true")),  # was 1 epoch
-    ("cfg-ema-false", "train.ema=false", ("train.ema", "expected a number (null: off), got false")),
+    ("cfg-ema-false", "train.ema=false", ("train.ema", "expected a number or null, got false")),
+    ("cfg-model-width-true", "model.dim=true", ("model.dim", "expected a number, got true")),  # model and data parameters too
+    ("cfg-split-seed-true", "data.split.seed=true", ("data.split.seed", "expected a number or null, got true")),
     ("cfg-seed-huge", "train.seed=1e30", ("train.seed",)),
     ("cfg-batch-huge", "train.batch_size=1e30", ("train.batch_size",)),
     ("cfg-eval-batch-huge", "evaluation.batch_size=10000000000", ("evaluation.batch_size",)),
