@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import numbers
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -148,15 +147,9 @@ class Predictor:
         if unknown:
             raise SciformerError(f"predict: unknown option(s) {', '.join(unknown)}; expected {', '.join(PredictOptions.FLAGS)}")
         options.pop("probabilities", None)
-        from sciformer.config import MAX_BATCH
+        from sciformer.config import check_batch_size
 
-        if getattr(batch_size, "ndim", None) == 0 and hasattr(batch_size, "item"):  # a torch or numpy 0-d scalar
-            batch_size = batch_size.item()
-        if batch_size is None:
-            batch_size = self.batch_size
-        elif not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
-            raise SciformerError(f"predict: batch_size must be a whole number in 1..{MAX_BATCH}, got {batch_size!r:.40}")
-        batch_size = int(batch_size)  # numpy's uint8 would overflow in the batch arithmetic
+        batch_size = self.batch_size if batch_size is None else check_batch_size(batch_size, "predict: batch_size")
         with tempfile.TemporaryDirectory(prefix="sciformer-predict-") as tmp:
             tmp_dir = Path(tmp)
             if isinstance(data, (str, os.PathLike)):

@@ -155,7 +155,7 @@ def _evaluate(args: argparse.Namespace, overrides: list[str]) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     import torch
 
-    from sciformer.config import MAX_BATCH
+    from sciformer.config import check_batch_size
     from sciformer.contracts import PredictOptions
     from sciformer.engine.inference import (
         expand_inputs,
@@ -163,8 +163,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         prediction_suffixes,
     )
 
-    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH:  # as evaluation.batch_size
-        raise SciformerError(f"--batch-size must be in 1..{MAX_BATCH}, got {args.batch_size}")
+    if args.batch_size is not None:  # as evaluation.batch_size
+        check_batch_size(args.batch_size, "--batch-size")
     options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes,
                              probabilities=args.probabilities, columns=args.columns, category=args.category, labels=args.labels,
                              wavelengths=args.wavelengths, allow_band_mismatch=args.allow_band_mismatch)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import numbers
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from pydantic import (
 )
 
 from sciformer.config_numbers import bool_for_number
-from sciformer.contracts import METRIC_NAMES
+from sciformer.contracts import METRIC_NAMES, plain_scalar
 from sciformer.errors import ConfigError
 from sciformer.registry import DATASETS, MODELS, Registry
 from sciformer.utils import yamlio
@@ -87,6 +88,15 @@ MAX_MODEL_COUNT = 1_024  # depths, blocks, heads
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d{1,3})?)$")
 _SIZE_KEY = re.compile(r"(^|_)(dim|dims|depth|channels|hidden|width|widths|heads|blocks|planes|tokens|embed)(_|$)")
 _COUNT_KEY = re.compile(r"(^|_)(depth|heads|blocks)(_|$)")
+
+
+def check_batch_size(value: Any, name: str) -> int:
+    """``value`` as a batch size in 1..:data:`MAX_BATCH` (numpy's and torch's whole numbers too), for
+    the command line's ``--batch-size`` and the API's ``batch_size``; a one-line ConfigError otherwise."""
+    value = plain_scalar(value)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= MAX_BATCH:
+        raise ConfigError(f"{name} must be a whole number in 1..{MAX_BATCH}, got {value!r:.40}")
+    return int(value)  # numpy's uint8 would overflow in the batch arithmetic
 
 
 class ScheduleConfig(Section):
@@ -322,9 +332,7 @@ def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     _check_values(raw, "", source)
-    for name, field in ExperimentConfig.model_fields.items():
-        if isinstance(field.annotation, type) and issubclass(field.annotation, Section):
-            _no_bool_for_a_number(field.annotation, raw.get(name), name, source)
+    _no_bool_for_a_number(ExperimentConfig, raw, "", source)  # its sections; data and model parameters below
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:

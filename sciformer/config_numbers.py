@@ -23,19 +23,20 @@ def number_only(annotation: Any) -> bool:
 
 def bool_for_number(model: type[BaseModel], values: Any, where: str) -> str | None:
     """``"<where>.<key>: expected a number, got true"`` for the first bool given to a number-only
-    field of ``model`` (nested models included), None where there is none."""
+    field of ``model`` (nested models included; ``where`` empty: the key alone), None where there is none."""
     if not isinstance(values, dict):
         return None
     for key, value in values.items():
+        path = f"{where}.{key}" if where else str(key)
         field = model.model_fields.get(key) if isinstance(key, str) else None
         if field is None:
             continue
         if isinstance(value, bool) and number_only(field.annotation):
             null = " or null" if type(None) in get_args(field.annotation) else ""
-            return f"{where}.{key}: expected a number{null}, got {str(value).lower()}"
+            return f"{path}: expected a number{null}, got {str(value).lower()}"
         for member in _members(field.annotation):
             if isinstance(member, type) and issubclass(member, BaseModel):
-                found = bool_for_number(member, value, f"{where}.{key}")
+                found = bool_for_number(member, value, path)
                 if found:
                     return found
     return None

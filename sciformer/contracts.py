@@ -83,9 +83,14 @@ class BuildContext:
         return p if p.is_absolute() else (self.base_dir / p)
 
 
+def plain_scalar(value: Any) -> Any:
+    """A torch or numpy 0-d value as the Python number or bool it holds; anything else as it is."""
+    return value.item() if getattr(value, "ndim", None) == 0 and hasattr(value, "item") else value
+
+
 def _real(value: Any) -> bool:
-    """A finite real number (numpy's too), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+    """A finite real number, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -116,9 +121,7 @@ class PredictOptions:
 
     def __post_init__(self) -> None:
         for name in ("overlap", "rotations", "votes", "flip", "probabilities", "allow_band_mismatch"):
-            value = getattr(self, name)
-            if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a torch or numpy 0-d scalar
-                object.__setattr__(self, name, value.item())
+            object.__setattr__(self, name, plain_scalar(getattr(self, name)))  # numpy's / torch's: Python's
         if self.wavelengths is not None and not isinstance(self.wavelengths, (str, os.PathLike)):
             try:
                 values = tuple(float(v) for v in np.asarray(self.wavelengths, dtype=np.float64).reshape(-1))
@@ -126,7 +129,7 @@ class PredictOptions:
             except (TypeError, ValueError):
                 raise DataError("wavelengths: expected a list of band centres in nm, a file or 'a,b,...'") from None
         for name in ("flip", "probabilities", "allow_band_mismatch"):  # from Python too: "no" is not False
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
+            if not isinstance(getattr(self, name), bool):
                 raise SciformerError(f"{self.FLAGS[name]}: expected true or false, got {getattr(self, name)!r}")
         for name in ("columns", "category", "labels"):
             if not isinstance(getattr(self, name), (str, os.PathLike, type(None))):
@@ -137,10 +140,8 @@ class PredictOptions:
             value = getattr(self, name)
             if not (_real(value) and value == int(value)) or not 1 <= value <= 100:
                 raise SciformerError(f"{self.FLAGS[name]} must be between 1 and 100 (a whole number), got {value!r}")
-            object.__setattr__(self, name, int(value))  # numpy's or 4.0: the predictors count with it
+            object.__setattr__(self, name, int(value))  # 4.0: the predictors count with it
         object.__setattr__(self, "overlap", float(self.overlap))
-        for name in ("flip", "probabilities", "allow_band_mismatch"):
-            object.__setattr__(self, name, bool(getattr(self, name)))
 
     @property
     def single_pass(self) -> bool:

@@ -103,8 +103,8 @@ def build_attention_bias(
     return bias.masked_fill(mask, float("-inf"))  # broadcast (n, H|1, L|1, L)
 
 
-# (n, H, L, L) blocks at the peak of a forward + backward with dropout on CPU (measured at L = 4096: 3.0 in the
-# forward pass, 4.05 with the backward one; small L adds fixed costs: 5 at n=32, H=4, L=256, where blocks are small)
+# (n, H, L, L) blocks at the peak of a forward + backward with dropout on CPU: 4.03-4.06 for blocks of 256-512 MiB,
+# 4.3 at 32 MiB, more below, where fixed costs weigh (benchmarks/bench_attention_dropout_memory.py)
 DROPOUT_WEIGHT_BLOCKS = 4
 
 
