@@ -27,108 +27,20 @@ back to back, so a drift of the machine's speed between rounds cancels).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from sciformer.geometry import fps, grid_pool, knn
 
-K = 16
-
-
-def has(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
-
-
-@dataclass
-class Row:
-    case: str
-    method: str
-    seconds: float | None = None
-    note: str = ""
-    peer: bool = True
-    agree: str = ""
-    fn: Callable[[], object] | None = None
-    check: Callable[[object], str] | None = None
-
-
-@dataclass
-class Bench:
-    repeats: int
-    budget: float
-    min_time: float = 3.0
-    max_runs: int = 40
-    rows: list[Row] = field(default_factory=list)
-    pending: list[Row] = field(default_factory=list)
-
-    def add(self, case, method, fn, *, peer=True, estimate=None, check=None, note="") -> Row:
-        """Queue ``fn``; ``None`` prints 'absent'; ``estimate`` (s) above the budget skips it."""
-        row = Row(case, method, None, note, peer)
-        if fn is None:
-            row.note = "absent (not installed)"
-        elif estimate is not None and estimate > self.budget:
-            row.note = f"skipped (> budget): est. {estimate:.0f} s > {self.budget:.0f} s"
-        else:
-            row.fn, row.check = fn, check
-            self.pending.append(row)
-        self.rows.append(row)
-        return row
-
-    def measure(self) -> None:
-        """Time the queued rows round-robin (load changes hit every method alike); keep the best.
-
-        Every row runs ``repeats`` times; fast rows run on (still interleaved) until they have
-        used ``min_time`` seconds or ``max_runs`` runs, so their best-of is a best of many.
-        """
-        if self.pending:
-            print(f"# measuring {self.pending[0].case} ...", file=sys.stderr, flush=True)
-        best = {id(r): float("inf") for r in self.pending}
-        spent = {id(r): 0.0 for r in self.pending}
-        runs = {id(r): 0 for r in self.pending}
-        last: dict[int, object] = {}
-        while True:
-            active = [
-                r for r in self.pending
-                if runs[id(r)] < self.repeats or (spent[id(r)] < self.min_time and runs[id(r)] < self.max_runs)
-            ]
-            if not active:
-                break
-            for row in active:
-                t0 = time.perf_counter()
-                out = row.fn()
-                seconds = time.perf_counter() - t0
-                best[id(row)] = min(best[id(row)], seconds)
-                spent[id(row)] += seconds
-                runs[id(row)] += 1
-                last[id(row)] = out
-        for row in self.pending:
-            row.seconds = best[id(row)]
-            if row.check is not None:
-                row.agree = row.check(last[id(row)])
-            row.fn = row.check = None
-        self.pending = []
-
-    def print_table(self) -> None:
-        print("| case | method | time (s) | vs fastest peer | agrees with sciformer | note |")
-        print("|---|---|---:|---:|---|---|")
-        for case in dict.fromkeys(r.case for r in self.rows):
-            rows = [r for r in self.rows if r.case == case]
-            peers = [r.seconds for r in rows if r.peer and r.seconds is not None]
-            fastest = min(peers) if peers else None
-            for r in rows:
-                t = "-" if r.seconds is None else f"{r.seconds:.3f}"
-                ratio = "-" if r.seconds is None or fastest is None else f"{r.seconds / fastest:.2f}x"
-                name = f"**{r.method}**" if not r.peer else r.method
-                print(f"| {case} | {name} | {t} | {ratio} | {r.agree} | {r.note} |")
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # geometry_real / geometry_table beside this script, however it is loaded
+from geometry_real import K, bench_real_fps, bench_real_knn, print_real  # noqa: E402
+from geometry_table import Bench, has  # noqa: E402
 
 # --------------------------------------------------------------------------- kNN
 
@@ -380,132 +292,6 @@ def bench_grid(bench: Bench, n: int, device: str, rng: np.random.Generator) -> N
     else:
         bench.add(case, "torch_cluster.grid_cluster", None)
     bench.measure()
-
-
-# --------------------------------------------------------------------------- real data
-
-
-def real_clouds(root, rng: np.random.Generator, tiles: int) -> list[tuple[str, np.ndarray]]:
-    """(name, points) of the largest LAS/LAZ tiles and the SemanticKITTI scans, each in file
-    order and shuffled, then uniform random 100k; float32, shifted to the cloud's minimum
-    corner (as the datasets feed them)."""
-    from pathlib import Path
-
-    from sciformer.data.pointcloud.io import read_point_file
-
-    out: list[tuple[str, np.ndarray]] = []
-    found = []
-    for path in sorted(Path(root, "lidar").glob("*.la[sz]")):
-        coord = np.asarray(read_point_file(path)["coord"], dtype=np.float64)
-        found.append((len(coord), path.name, coord))
-    found.sort(key=lambda t: -t[0])
-    scans = [(p.name.removesuffix("_points.npy"), np.load(p).astype(np.float64))
-             for p in sorted(Path(root, "semantickitti_scans").glob("*_points.npy"))]
-    for name, coord in [(n, c) for _, n, c in found[:tiles]] + scans:
-        pts = np.ascontiguousarray((coord[:, :3] - coord[:, :3].min(axis=0)).astype(np.float32))
-        out.append((f"{name} (file order)", pts))
-        out.append((f"{name} (shuffled)", np.ascontiguousarray(pts[rng.permutation(len(pts))])))
-    out.append(("uniform random", rng.random((100_000, 3), dtype=np.float32)))
-    return out
-
-
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, list[float]], dict[str, object]]:
-    """Seconds of each function in each of ``repeats`` round-robin rounds (after one warm-up),
-    and each function's last result."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    last = {name: fn() for name, fn in fns.items()}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            last[name] = fn()
-            times[name].append(time.perf_counter() - t0)
-    return times, last
-
-
-def same_rows(ours: torch.Tensor, theirs: np.ndarray) -> str:
-    """Share of rows with the same neighbour set (ties at the k-th distance may differ)."""
-    a, b = np.sort(ours.numpy(), axis=1), np.sort(theirs.astype(np.int64), axis=1)
-    return f"{100 * (a == b).all(axis=1).mean():.2f}%"
-
-
-def bench_real_knn(root, repeats: int, tiles: int, rng: np.random.Generator) -> list[list[str]]:
-    """kNN (k=16, self-query) on real clouds and a ModelNet10 batch, sciformer vs pykdtree vs scipy."""
-    from pykdtree.kdtree import KDTree
-    from scipy.spatial import cKDTree
-    from threadpoolctl import threadpool_limits
-
-    rows = []
-    threads = torch.get_num_threads()
-    for name, pts in real_clouds(root, rng, tiles):
-        print(f"# measuring kNN on {name} ...", file=sys.stderr, flush=True)
-        x = torch.from_numpy(pts)
-        times, last = interleaved({
-            "sciformer": lambda: knn(x, None, K).index,
-            "pykdtree": lambda: KDTree(pts, leafsize=16).query(pts, k=K)[1],
-            "scipy": lambda: cKDTree(pts, leafsize=16).query(pts, k=K, workers=threads)[1],
-        }, repeats)
-        rows.append([f"kNN k={K}, {name}", f"{len(pts)}", str(threads), *fmt_times(times), same_rows(last["sciformer"], last["pykdtree"])])
-    h5 = os.path.join(root, "modelnet10_hdf5_1024", "ply_data_train0.h5")
-    import h5py
-
-    with h5py.File(h5, "r") as f:
-        batch = np.asarray(f["data"][:32], dtype=np.float32)  # (32, 1024, 3)
-    clouds = [np.ascontiguousarray(c) for c in batch]
-    x, offset = torch.from_numpy(batch.reshape(-1, 3)), torch.arange(1, 33) * batch.shape[1]
-    for t in (1, 2):
-        print(f"# measuring kNN on the ModelNet10 batch, {t} thread(s) ...", file=sys.stderr, flush=True)
-        torch.set_num_threads(t)
-        with threadpool_limits(t, user_api="openmp"):  # pykdtree gets the same threads
-            times, last = interleaved({
-                "sciformer": lambda: knn(x, None, K, offset).index,
-                "pykdtree": lambda: np.concatenate(
-                    [KDTree(c, leafsize=16).query(c, k=K)[1].astype(np.int64) + 1024 * b for b, c in enumerate(clouds)]),
-                "scipy": lambda: np.concatenate(
-                    [cKDTree(c, leafsize=16).query(c, k=K, workers=t)[1] + 1024 * b for b, c in enumerate(clouds)]),
-            }, repeats)
-        rows.append([f"kNN k={K}, ModelNet10 batch 32 x 1024 (one call vs a loop over clouds)", "32768", str(t),
-                     *fmt_times(times), same_rows(last["sciformer"], last["pykdtree"])])
-    torch.set_num_threads(threads)
-    return rows
-
-
-def fmt_times(times: dict[str, list[float]]) -> list[str]:
-    """Median seconds of sciformer, the reference peer and scipy ("-" if none), and the median
-    over rounds of sciformer's time / the peer's in the same round (robust to the machine's
-    speed drifting between rounds)."""
-    ours, peer, *rest = times.values()
-    ratio = statistics.median(a / b for a, b in zip(ours, peer))
-    med = [f"{statistics.median(t):.4f}" for t in (ours, peer, *rest)]
-    return [med[0], med[1], med[2] if rest else "-", f"**{ratio:.2f}x**"]
-
-
-def bench_real_fps(root, repeats: int, tiles: int, rng: np.random.Generator) -> list[list[str]]:
-    """FPS to N/4 from index 0 on the largest LiDAR tiles, sciformer vs fpsample's bucket FPS."""
-    import fpsample
-
-    rows = []
-    for name, pts in [c for c in real_clouds(root, rng, tiles) if "(file order)" in c[0]][:tiles]:
-        print(f"# measuring FPS on {name} ...", file=sys.stderr, flush=True)
-        x, m = torch.from_numpy(pts), len(pts) // 4
-        height = int(min(max(round(np.log2(len(pts)) / 2 - 1), 1), np.floor(np.log2(len(pts)))))
-        times, last = interleaved({
-            "sciformer": lambda: fps(x, n=m, start=0).index,
-            "fpsample": lambda: fpsample.bucket_fps_kdline_sampling(pts, m, height, start_idx=0),
-        }, repeats)
-        theirs = last["fpsample"].astype(np.int64)  # starts where its KD reordering put index 0
-        ours = fps(x, n=m, start=int(theirs[0])).index.numpy()
-        first = int(np.argmax(ours != theirs)) if not np.array_equal(ours, theirs) else m
-        same = "identical" if first == m else f"first {first} equal (float32 near-tie), " + (
-            "same set" if np.array_equal(np.sort(ours), np.sort(theirs)) else "sets differ")
-        rows.append([f"FPS {name} -> N/4", f"{len(pts)}", str(torch.get_num_threads()), *fmt_times(times), same])
-    return rows
-
-
-def print_real(rows: list[list[str]]) -> None:
-    print("| case | points | threads | sciformer (s) | pykdtree / fpsample (s) | scipy cKDTree (s) | sciformer / peer | agrees |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 # --------------------------------------------------------------------------- main

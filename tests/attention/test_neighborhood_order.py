@@ -8,8 +8,8 @@ import copy
 import numpy as np
 import pytest
 import torch
+from neighborhood_cases import CONFIGS, assert_same_run, make_cloud, randomize_norms, run
 from scipy.spatial import cKDTree
-from test_neighborhood_attention import CONFIGS, assert_same_run, make_cloud, randomize_norms, run
 
 import sciformer.attention._neighborhood_order as order_mod
 from sciformer.attention._neighborhood_order import (
