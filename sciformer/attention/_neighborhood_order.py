@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sciformer.geometry.knn_backends import spatial_order
+from sciformer.geometry.point_order import spatial_order
 
 SPREAD_BYTES = 256 << 10  # median neighbour-row distance above which reads leave the L2 cache
 SAMPLE_ROWS = 1024  # queries sampled by the test

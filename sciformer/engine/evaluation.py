@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def every_point_line(full: dict[str, Any], views: dict[str, Any] | None) -> str:
 
 
 def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,
-                        extra: dict[str, Any] | None = None, log=print, dist: DistContext = DistContext(),
+                        extra: dict[str, Any] | None = None, log: Callable[[str], None] = print, dist: DistContext = DistContext(),
                         only_recorded: bool = False) -> dict[str, Any]:
     """Evaluate on ``evaluation.split`` (sharded over ranks), then rank 0 writes metrics and task predictions
     (:func:`~sciformer.engine.report.write_evaluation_set`; ``only_recorded``: an existing ``predictions/``

@@ -18,7 +18,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +68,7 @@ class RunResult:
 class Trainer:
     """Trains one experiment into one run folder."""
 
-    def __init__(self, exp: Experiment, run_dir: Path, *, resume_state: dict[str, Any] | None = None, log=print) -> None:
+    def __init__(self, exp: Experiment, run_dir: Path, *, resume_state: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> None:
         self.exp, self.cfg, self.run_dir = exp, exp.cfg, run_dir
         self.resume_state = resume_state
         t = self.cfg.train

@@ -13,11 +13,14 @@ torch_geometric is imported only inside :func:`to_pyg` and :func:`from_pyg`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from sciformer.errors import DataError
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch
 from sciformer.geometry._validate import check_offset
 
 
@@ -118,7 +121,7 @@ def unpack(x: torch.Tensor, offset: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.split(x, sizes, dim=0))
 
 
-def to_pyg(coord: torch.Tensor, offset: torch.Tensor | None = None, feat: torch.Tensor | None = None, **fields: Any):
+def to_pyg(coord: torch.Tensor, offset: torch.Tensor | None = None, feat: torch.Tensor | None = None, **fields: Any) -> Batch:
     """Packed batch -> ``torch_geometric.data.Batch`` with ``pos``, ``x`` and extra per-point fields.
 
     Extra keyword tensors of length N (e.g. ``y=labels``) are split per cloud like ``pos``.

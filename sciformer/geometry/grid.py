@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -164,7 +164,7 @@ class _SegmentMax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, segment: torch.Tensor, num: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, segment: torch.Tensor, num: int) -> torch.Tensor:  # type: ignore[override]
         out = x.new_zeros((num, x.shape[1])).scatter_reduce_(
             0, segment.unsqueeze(1).expand_as(x), x, "amax", include_self=False
         )  # (S, C)
@@ -173,7 +173,7 @@ class _SegmentMax(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
         x, segment, out = ctx.saved_tensors
         hit = (x == out.index_select(0, segment)).to(grad.dtype)  # (N, C) 1 where x is its segment's max
         ties = grad.new_zeros(out.shape).index_add_(0, segment, hit)  # (S, C) maxima per segment and column

@@ -33,11 +33,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sciformer.utils.native import load_library
+
+if TYPE_CHECKING:
+    import torch
 
 _SCALE = 1.0  # cell edge / median k-th neighbour distance (0.5-1.0 measured alike; 1.0 best on the real tiles)
 _MAX_PASS = 8  # box growths before a query is handed to the KD-tree
@@ -87,7 +92,9 @@ def grid_knn(query: np.ndarray, support: np.ndarray, q_sizes: list[int], s_sizes
     return index, dist, unsettled
 
 
-def grid_search(query, support, q_sizes: list[int], s_sizes: list[int], k: int, radius: float | None, *, fallback, threads: int):
+def grid_search(query: torch.Tensor, support: torch.Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
+                radius: float | None, *, fallback: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+                threads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``"grid"`` backend: 3-D float32 kNN on the kernel, everything else on ``fallback``.
 
     ``fallback`` (a KD-tree backend, same signature without the keywords) takes radius

@@ -28,13 +28,15 @@ import numpy as np
 import torch
 
 from sciformer.geometry.grid_knn import grid_search
+from sciformer.geometry.point_order import is_scattered, spatial_order
 
-_SORT_MIN = 8192  # smaller clouds fit in cache: reordering them does not pay
-_SCATTER_BLOCK = 1024  # points per block of the order test
-_SCATTER_RATIO = 2.0  # file-order spacing / Morton-order spacing above which order pays
 _UNION_MAX_MEAN = 8192  # batches of clouds this small on average share one tree
 _PARALLEL_MIN = 16_384  # queries below this run on one thread (a parallel start costs more)
-_CODE_BITS = 10  # Morton cells per axis: 2**10
+
+Tensor = torch.Tensor
+Found = tuple[np.ndarray, np.ndarray]  # index (m, k) int64 (-1 missing), dist (m, k)
+# backend(query, support, query sizes, support sizes, k, radius) -> index (M, k), dist (M, k)
+SearchFn = Callable[[Tensor, Tensor, list[int], list[int], int, float | None], tuple[Tensor, Tensor]]
 
 
 def per_cloud(search: Callable[[slice, slice, int], tuple[Any, Any]], index: Any, dist: Any,
@@ -57,80 +59,6 @@ def per_cloud(search: Callable[[slice, slice, int], tuple[Any, Any]], index: Any
         q0 += mq
         s0 += ns
     return index, dist
-
-
-# --------------------------------------------------------------------------- Morton order
-
-
-def _part1by2(v: np.ndarray) -> np.ndarray:
-    """Spread the low 10 bits of ``v`` three apart (one axis of a 3-D Morton code)."""
-    v = (v | (v << 16)) & 0x030000FF
-    v = (v | (v << 8)) & 0x0300F00F
-    v = (v | (v << 4)) & 0x030C30C3
-    return (v | (v << 2)) & 0x09249249
-
-
-_SPREAD = _part1by2(np.arange(1 << _CODE_BITS, dtype=np.int64))  # cell -> spread bits
-
-
-def spatial_order(points: np.ndarray) -> np.ndarray:
-    """A permutation putting ``points`` along a Morton (Z-order) curve of their first 3 axes.
-
-    numpy on purpose: single-threaded ops stay cheap on a loaded machine. Ties (points in
-    the same cell) keep their input order.
-
-    Shapes:
-        points: (N, D) -> (N,) int64
-    """
-    n = points.shape[0]
-    cols = np.multiply(points[:, :3].T, 0.5, dtype=np.float64, order="C")  # (3, N); halves never overflow
-    lo, hi = cols.min(axis=1), cols.max(axis=1)
-    scale = ((1 << _CODE_BITS) - 1) / max(float((hi - lo).max()), 1e-300)
-    code = np.zeros(n, dtype=np.int64)
-    buf = np.empty(n, dtype=np.float64)
-    cell = np.empty(n, dtype=np.int64)
-    for axis in range(cols.shape[0]):
-        np.subtract(cols[axis], lo[axis], out=buf)
-        buf *= scale
-        np.clip(np.nan_to_num(buf, copy=False), 0, (1 << _CODE_BITS) - 1, out=buf)  # NaN: cell 0
-        cell[:] = buf
-        code |= _SPREAD[cell] << axis
-    index_bits = max(n - 1, 1).bit_length()
-    if 3 * _CODE_BITS + index_bits > 63:  # too many points to pack: a stable argsort instead
-        return np.argsort(code, kind="stable")
-    code <<= index_bits  # the index in the low bits: one plain sort, ties in input order
-    code |= np.arange(n, dtype=np.int64)
-    code.sort()
-    code &= (1 << index_bits) - 1
-    return code
-
-
-def is_scattered(points: np.ndarray) -> bool:
-    """Whether Morton order would bring consecutive points much closer together.
-
-    Compares, on 3 blocks of 1024 consecutive points, the median distance between
-    consecutive points as stored with the same block in Morton order. Coherent orders (scan
-    lines of an airborne tile, a grid) give about 1; shuffled points, spinning-LiDAR scans
-    stored beam by beam and uniform samples give 10 and more.
-
-    Shapes:
-        points: (N, D)
-    """
-    n, size = points.shape[0], _SCATTER_BLOCK
-    if n < max(_SORT_MIN, 3 * size):
-        return False
-    rows = np.linspace(0, n - size, num=3).astype(np.int64)[:, None] + np.arange(size)  # (3, S)
-    blocks = points[rows, :3].astype(np.float64) * 0.5  # (3, S, <=3); halves never overflow
-    lo = blocks.min(axis=1, keepdims=True)  # (3, 1, <=3)
-    extent = (blocks.max(axis=1, keepdims=True) - lo).max(axis=2, keepdims=True)  # (3, 1, 1)
-    scaled = np.nan_to_num((blocks - lo) * (((1 << _CODE_BITS) - 1) / np.maximum(extent, 1e-300)))
-    cells = np.clip(scaled, 0, (1 << _CODE_BITS) - 1).astype(np.int64)
-    code = (_SPREAD[cells] << np.arange(cells.shape[2])).sum(axis=2)  # (3, S): disjoint bits
-    ordered = np.take_along_axis(scaled, np.argsort(code, axis=1, kind="stable")[..., None], axis=1)
-    stored = np.median(np.square(np.diff(scaled, axis=1)).sum(axis=2), axis=1)  # (3,) squared, in cells
-    curve = np.median(np.square(np.diff(ordered, axis=1)).sum(axis=2), axis=1)
-    ratio = np.where(curve > 0, stored / np.maximum(curve, 1e-300), np.where(stored > 0, np.inf, 1.0))
-    return float(np.median(ratio)) > _SCATTER_RATIO**2
 
 
 # --------------------------------------------------------------------------- threads
@@ -179,7 +107,8 @@ def search_threads(queries: int) -> int:
 # --------------------------------------------------------------------------- KD-trees
 
 
-def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: list[int], same: bool):
+def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: list[int],
+                 same: bool) -> tuple[np.ndarray, np.ndarray, float]:
     """Centre every cloud and lay the clouds out along the first axis, far apart, in float64.
 
     Cloud b's query and support points move by the same vector: its bounding box (query and
@@ -212,10 +141,11 @@ def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: li
     return s_shift, q_shift, diag
 
 
-def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
+def _kdtree_search(tree_cls: Callable[[np.ndarray], Any], scipy_like: bool) -> SearchFn:
     """Batch-level KD-tree search: numpy throughout, results to the device."""
 
-    def search(qn, sn, k, radius, same, s_order, q_order, threads):
+    def search(qn: np.ndarray, sn: np.ndarray, k: int, radius: float | None, same: bool,
+               s_order: np.ndarray | None, q_order: np.ndarray | None, threads: int) -> Found:
         """One tree over ``sn``: index (m, k) int64 into ``sn`` (-1 missing) and dist (m, k).
 
         ``s_order`` / ``q_order``: optional permutations (Morton order) applied to the tree's
@@ -247,13 +177,14 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
             index[miss], d[miss] = -1, np.inf
         return index, d
 
-    def one_cloud(qn, sn, k, radius, same):
+    def one_cloud(qn: np.ndarray, sn: np.ndarray, k: int, radius: float | None, same: bool) -> Found:
         """A single cloud: Morton order where the stored order is scattered."""
         s_order = spatial_order(sn) if is_scattered(sn) else None
         q_order = s_order if same else (spatial_order(qn) if is_scattered(qn) else None)
         return search(qn, sn, k, radius, same, s_order, q_order, search_threads(qn.shape[0]))
 
-    def union(qn, sn, q_sizes, s_sizes, k, radius, same):
+    def union(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: list[int], k: int,
+              radius: float | None, same: bool) -> Found:
         """Many small clouds: one tree over the clouds shifted apart; cross-cloud hits dropped.
 
         Only a cloud smaller than ``k``, or a radius reaching past the gap between clouds,
@@ -271,7 +202,8 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
         index[other], dist[other] = -1, np.inf
         return index, dist.astype(qn.dtype, copy=False)
 
-    def run(query, support, q_sizes, s_sizes, k, radius):
+    def run(query: Tensor, support: Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
+            radius: float | None) -> tuple[Tensor, Tensor]:
         device, dtype = query.device, query.dtype
         work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         qn = query.to("cpu", work).contiguous().numpy()
@@ -294,7 +226,7 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], object], scipy_like: bool):
     return run
 
 
-def _offset(found: tuple[np.ndarray, np.ndarray], base: int) -> tuple[np.ndarray, np.ndarray]:
+def _offset(found: Found, base: int) -> Found:
     """Local support indices of one cloud -> global ones (missing stay -1)."""
     index, dist = found
     if base:
@@ -302,19 +234,19 @@ def _offset(found: tuple[np.ndarray, np.ndarray], base: int) -> tuple[np.ndarray
     return index, dist
 
 
-def _pykdtree_search(*args):
+def _pykdtree_search(*args: Any) -> tuple[Tensor, Tensor]:
     from pykdtree.kdtree import KDTree
 
     return _kdtree_search(lambda pts: KDTree(pts, leafsize=16), scipy_like=False)(*args)
 
 
-def _scipy_search(*args):
+def _scipy_search(*args: Any) -> tuple[Tensor, Tensor]:
     from scipy.spatial import cKDTree
 
     return _kdtree_search(lambda pts: cKDTree(pts, leafsize=16), scipy_like=True)(*args)
 
 
-def _brute_cloud(q: torch.Tensor, s: torch.Tensor, k: int, radius: float | None):
+def _brute_cloud(q: Tensor, s: Tensor, k: int, radius: float | None) -> tuple[Tensor, Tensor]:
     """Chunked brute force: rank by ``|s|^2 - 2 q.s`` (one matmul), then recompute exactly."""
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     # centring limits cancellation in the ranking; the median, since one far outlier would move
@@ -340,7 +272,8 @@ def _brute_cloud(q: torch.Tensor, s: torch.Tensor, k: int, radius: float | None)
     return index, dist
 
 
-def _brute_search(query, support, q_sizes, s_sizes, k, radius):
+def _brute_search(query: Tensor, support: Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
+                  radius: float | None) -> tuple[Tensor, Tensor]:
     if len(q_sizes) == 1 and s_sizes[0] >= k:
         return _brute_cloud(query, support, k, radius)
 
@@ -353,7 +286,8 @@ def _brute_search(query, support, q_sizes, s_sizes, k, radius):
                      torch.full((m, k), float("inf"), dtype=query.dtype, device=query.device), q_sizes, s_sizes, k)
 
 
-def _torch_cluster_search(query, support, q_sizes, s_sizes, k, radius):
+def _torch_cluster_search(query: Tensor, support: Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
+                          radius: float | None) -> tuple[Tensor, Tensor]:
     """``torch_cluster.knn`` over the whole batch, reshaped to (M, k) and sorted by distance."""
     import torch_cluster
 
@@ -386,12 +320,13 @@ def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _grid_backend(query, support, q_sizes, s_sizes, k, radius):
+def _grid_backend(query: Tensor, support: Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
+                  radius: float | None) -> tuple[Tensor, Tensor]:
     fallback = _pykdtree_search if has_module("pykdtree") else _scipy_search  # rows the kernel leaves
     return grid_search(query, support, q_sizes, s_sizes, k, radius, fallback=fallback, threads=search_threads(query.shape[0]))
 
 
-SEARCH_BACKENDS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+SEARCH_BACKENDS: dict[str, SearchFn] = {
     "grid": _grid_backend,
     "pykdtree": _pykdtree_search,
     "scipy": _scipy_search,

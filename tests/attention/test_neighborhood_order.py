@@ -19,7 +19,7 @@ from sciformer.attention._neighborhood_order import (
     scattered_index,
 )
 from sciformer.attention.neighborhood import PointTransformerLayer
-from sciformer.geometry.knn_backends import spatial_order
+from sciformer.geometry.point_order import spatial_order
 
 
 def knn(pts: np.ndarray, k: int) -> torch.Tensor:

@@ -131,7 +131,7 @@ def test_knn_fill_policies_for_small_clouds(backend):
 @pytest.mark.parametrize("path", ["union", "per_cloud"])
 def test_spatially_sorted_query_path_matches_ckdtree(backend, path, monkeypatch):
     backends = importlib.import_module("sciformer.geometry.knn_backends")
-    monkeypatch.setattr(backends, "_SORT_MIN", 1000)
+    monkeypatch.setattr(importlib.import_module("sciformer.geometry.point_order"), "_SORT_MIN", 1000)
     if path == "per_cloud":  # one tree per cloud, clouds 0 and 2 (scattered) in Morton order
         monkeypatch.setattr(backends, "_UNION_MAX_MEAN", 100)
     rng = np.random.default_rng(5)
@@ -174,7 +174,7 @@ def test_one_tree_for_many_clouds_never_crosses_clouds(backend):
 
 
 def test_morton_order_only_where_the_stored_order_is_scattered():
-    from sciformer.geometry.knn_backends import is_scattered, spatial_order
+    from sciformer.geometry.point_order import is_scattered, spatial_order
 
     rng = np.random.default_rng(12)
     # an airborne-tile-like scan: lines along x, one after the other in y, slight noise
@@ -195,7 +195,7 @@ def test_morton_order_of_clouds_whose_span_overflows_or_holds_nan():
     """Finite float64 coordinates near the largest float (their span overflows) and NaN
     give a permutation and a decision, no warning or error; the order of a scaled-down
     copy (exact, by a power of two) is the same."""
-    from sciformer.geometry.knn_backends import is_scattered, spatial_order
+    from sciformer.geometry.point_order import is_scattered, spatial_order
 
     rng = np.random.default_rng(13)
     unit = rng.random((9000, 3)) - 0.5

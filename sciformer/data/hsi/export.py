@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_with
 from sciformer.utils.text import drawable
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 UNCLASSIFIED = "Unclassified"
 
@@ -48,7 +51,7 @@ def render_map_figure(
     class_names: list[str],
     gt: np.ndarray | None = None,
     title: str = "Prediction",
-):
+) -> Figure:
     """A matplotlib Figure: the map (and ``gt`` beside it) with a class legend."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from sciformer.data.palette import class_colors
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_with
 from sciformer.utils.text import drawable
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["render_labels", "label_figure"]
 
@@ -52,7 +56,7 @@ def label_figure(
     seed: int = 0,
     title: str | None = None,
     point_size: float | None = None,
-):
+) -> Figure:
     """A matplotlib Figure: one column per labelling (e.g. prediction, truth), one row per view.
 
     Args:
