@@ -31,6 +31,7 @@ from sciformer.geometry.grid_knn import grid_search
 from sciformer.geometry.point_order import is_scattered, spatial_order
 
 _UNION_MAX_MEAN = 8192  # batches of clouds this small on average share one tree
+_UNION_MAX_SPAN = float(1 << 20)  # the shared layout's span over its finest cloud: 20 of 52 bits
 _PARALLEL_MIN = 16_384  # queries below this run on one thread (a parallel start costs more)
 
 Tensor = torch.Tensor
@@ -108,7 +109,7 @@ def search_threads(queries: int) -> int:
 
 
 def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: list[int],
-                 same: bool) -> tuple[np.ndarray, np.ndarray, float]:
+                 same: bool) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Centre every cloud and lay the clouds out along the first axis, far apart, in float64.
 
     Cloud b's query and support points move by the same vector: its bounding box (query and
@@ -117,7 +118,9 @@ def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: li
     ``2 d`` apart, farther than any two points of one cloud, so the nearest neighbours of a
     query are all in its own cloud, in front of any from another.
 
-    Returns the shifted support, the shifted query (the same array when ``same``) and ``d``.
+    Returns the shifted support, the shifted query (the same array when ``same``), ``d`` and
+    the layout's span over the smallest nonzero cloud diagonal (how many of float64's 52 bits
+    the shift costs that cloud: :func:`_union` declines above ``_UNION_MAX_SPAN``).
 
     Shapes:
         qn: (M, D), sn: (N, D) -> (N, D), (M, D) float64
@@ -130,15 +133,18 @@ def _shift_apart(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: li
         lo = np.minimum(lo, np.minimum.reduceat(qn, q_starts, axis=0))
         hi = np.maximum(hi, np.maximum.reduceat(qn, q_starts, axis=0))
     centre = (lo + hi) / 2  # (B, D)
-    diag = float(np.sqrt(np.square(hi - lo).sum(axis=1)).max())
+    diags = np.sqrt(np.square(hi - lo).sum(axis=1))  # (B,)
+    diag = float(diags.max())
     pitch = 3 * diag if diag > 0 else 1.0
+    finest = float(diags[diags > 0].min()) if (diags > 0).any() else pitch
+    span = pitch * len(s_sizes) / finest
     move = centre.copy()  # (B, D): minus this puts cloud b's box centre at (b * pitch, 0, ...)
     move[:, 0] -= np.arange(len(s_sizes)) * pitch
     s_shift = sn - np.repeat(move, s_sizes, axis=0)  # (N, D) float64
     if same:
-        return s_shift, s_shift, diag
+        return s_shift, s_shift, diag, span
     q_shift = qn - np.repeat(move, q_sizes, axis=0)
-    return s_shift, q_shift, diag
+    return s_shift, q_shift, diag, span
 
 
 def _kdtree_search(tree_cls: Callable[[np.ndarray], Any], scipy_like: bool) -> SearchFn:
@@ -184,22 +190,27 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], Any], scipy_like: bool) -> S
         return search(qn, sn, k, radius, same, s_order, q_order, search_threads(qn.shape[0]))
 
     def union(qn: np.ndarray, sn: np.ndarray, q_sizes: list[int], s_sizes: list[int], k: int,
-              radius: float | None, same: bool) -> Found:
+              radius: float | None, same: bool) -> Found | None:
         """Many small clouds: one tree over the clouds shifted apart; cross-cloud hits dropped.
 
         Only a cloud smaller than ``k``, or a radius reaching past the gap between clouds,
-        can see another cloud's points, always behind all of its own.
+        can see another cloud's points, always behind all of its own. float64 distances are
+        taken again from the unshifted points. None (search cloud by cloud) where the layout
+        would round a cloud's points: one cloud far larger than another, or a far stray point.
         """
-        s_shift, q_shift, max_diag = _shift_apart(qn, sn, q_sizes, s_sizes, same)
+        s_shift, q_shift, max_diag, span = _shift_apart(qn, sn, q_sizes, s_sizes, same)
+        if not span <= _UNION_MAX_SPAN:  # NaN spans too: cloud by cloud
+            return None
         # stored order: small clouds fit in cache, reordering them does not pay
         index, dist = search(q_shift, s_shift, k, radius, same, None, None, search_threads(qn.shape[0]))
-        if min(s_sizes) >= k and (radius is None or radius < 2 * max_diag):
-            return index, dist.astype(qn.dtype, copy=False)  # every hit is in its own cloud
-        s_ends = np.cumsum(s_sizes)
-        lo = np.repeat(s_ends - np.asarray(s_sizes), q_sizes)[:, None]  # (M, 1) first support index
-        hi = np.repeat(s_ends, q_sizes)[:, None]
-        other = (index < lo) | (index >= hi)  # another cloud, or already missing (-1)
-        index[other], dist[other] = -1, np.inf
+        if not (min(s_sizes) >= k and (radius is None or radius < 2 * max_diag)):
+            s_ends = np.cumsum(s_sizes)
+            lo = np.repeat(s_ends - np.asarray(s_sizes), q_sizes)[:, None]  # (M, 1) first support index
+            hi = np.repeat(s_ends, q_sizes)[:, None]
+            other = (index < lo) | (index >= hi)  # another cloud, or already missing (-1)
+            index[other], dist[other] = -1, np.inf
+        if qn.dtype == np.float64:  # the layout's rounding (up to 2^-32 of the finest cloud) shows in float64
+            return _exact_rows(qn, sn, index, radius)
         return index, dist.astype(qn.dtype, copy=False)
 
     def run(query: Tensor, support: Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
@@ -212,8 +223,8 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], Any], scipy_like: bool) -> S
         m, n_clouds = qn.shape[0], len(q_sizes)
         if n_clouds == 1:
             index, dist = one_cloud(qn, sn, k, radius, same)
-        elif sn.shape[0] <= _UNION_MAX_MEAN * n_clouds:
-            index, dist = union(qn, sn, q_sizes, s_sizes, k, radius, same)
+        elif sn.shape[0] <= _UNION_MAX_MEAN * n_clouds and (found := union(qn, sn, q_sizes, s_sizes, k, radius, same)):
+            index, dist = found
         else:
             index, dist = per_cloud(
                 lambda rows, cols, kk: _offset(one_cloud(qn[rows], sn[cols], kk, radius, same and rows == cols), cols.start),
@@ -224,6 +235,28 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], Any], scipy_like: bool) -> S
         return torch.from_numpy(index).to(device), torch.from_numpy(dist).to(device, dtype)
 
     return run
+
+
+def _exact_rows(qn: np.ndarray, sn: np.ndarray, index: np.ndarray, radius: float | None) -> Found:
+    """Distances of ``index``'s neighbours recomputed from the unshifted points (float64, in
+    blocks of rows), each row sorted by them (stable); a neighbour past ``radius`` and a
+    missing one (-1) end the row as -1 / inf. Returns index and dist (qn's dtype).
+
+    Shapes:
+        qn: (M, D), sn: (N, D), index: (M, k) -> (M, k), (M, k)
+    """
+    out_i, out_d = np.empty_like(index), np.empty(index.shape, dtype=qn.dtype)
+    rows = max(1, (1 << 20) // max(1, index.shape[1] * qn.shape[1]))
+    for start in range(0, index.shape[0], rows):
+        block = index[start : start + rows]  # (r, k)
+        near = sn[np.maximum(block, 0)].astype(np.float64)  # (r, k, D)
+        d = np.sqrt(np.square(near - qn[start : start + rows, None, :].astype(np.float64)).sum(axis=2))  # (r, k)
+        miss = (block < 0) | (d > radius) if radius is not None else block < 0
+        d[miss] = np.inf
+        order = np.argsort(d, axis=1, kind="stable")
+        out_d[start : start + rows] = np.take_along_axis(d, order, axis=1)
+        out_i[start : start + rows] = np.where(np.isinf(out_d[start : start + rows]), -1, np.take_along_axis(block, order, axis=1))
+    return out_i, out_d
 
 
 def _offset(found: Found, base: int) -> Found:
@@ -247,14 +280,19 @@ def _scipy_search(*args: Any) -> tuple[Tensor, Tensor]:
 
 
 def _brute_cloud(q: Tensor, s: Tensor, k: int, radius: float | None) -> tuple[Tensor, Tensor]:
-    """Chunked brute force: rank by ``|s|^2 - 2 q.s`` (one matmul), then recompute exactly."""
-    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+    """Chunked brute force: rank by ``|s|^2 - 2 q.s`` (one matmul), then recompute exactly.
+
+    The ranking runs in float64 whatever the input: in float32 the two terms cancel as soon as
+    a cloud is large against its point spacing (two 1 mm clusters 1 km apart, a 5 mm object in
+    a 100 m tile), and the top k of the cancelled values are not the nearest points.
+    """
+    rank_dtype = torch.float64
     # centring limits cancellation in the ranking; the median, since one far outlier would move
     # the mean so far that every other point's |s|^2 swamps its distances (all neighbours wrong)
-    center = s.to(work).median(dim=0, keepdim=True).values  # (1, D)
-    sc, qc = s.to(work) - center, q.to(work) - center
+    center = s.to(rank_dtype).median(dim=0, keepdim=True).values  # (1, D)
+    sc, qc = s.to(rank_dtype) - center, q.to(rank_dtype) - center
     s_sq = sc.square().sum(dim=1).unsqueeze(0)  # (1, n)
-    budget = 1 << (26 if q.is_cuda else 22)  # distance-matrix elements per chunk
+    budget = 1 << (25 if q.is_cuda else 21)  # float64 distance-matrix elements per chunk (256 / 16 MiB)
     chunk = max(1, budget // max(1, s.shape[0]))
     index_parts, dist_parts = [], []
     for start in range(0, qc.shape[0], chunk):
@@ -265,11 +303,11 @@ def _brute_cloud(q: Tensor, s: Tensor, k: int, radius: float | None) -> tuple[Te
         d, order = d.sort(dim=1)
         index_parts.append(idx.gather(1, order))
         dist_parts.append(d)
-    index, dist = torch.cat(index_parts), torch.cat(dist_parts).to(q.dtype)
+    index, dist = torch.cat(index_parts), torch.cat(dist_parts)  # (M, k) float64
     if radius is not None:
         miss = dist > radius
         index, dist = index.masked_fill(miss, -1), dist.masked_fill(miss, float("inf"))
-    return index, dist
+    return index, dist.to(q.dtype)
 
 
 def _brute_search(query: Tensor, support: Tensor, q_sizes: list[int], s_sizes: list[int], k: int,
