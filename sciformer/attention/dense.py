@@ -29,19 +29,28 @@ class QKVProjection(nn.Module):
     """Fused query/key/value projection ``[q, k, v] = x W^T + b``, ``W`` of shape (3D, D).
 
     The fused weight is laid out like ``torch.nn.MultiheadAttention.in_proj_weight``
-    (rows ``[W_q; W_k; W_v]``), so weights copy over one to one.
+    (rows ``[W_q; W_k; W_v]``), so weights copy over one to one. ``still_key_bias``: the key
+    part of the bias gets no gradient (for softmax attention, which ignores a key bias:
+    ``q.b_k`` is the same for every key, so its gradient is 0 up to rounding, which Adam
+    would turn into steps). The bias is used detached in the forward pass itself, so the rule
+    survives ``copy.deepcopy`` and ``load_state_dict(assign=True)``.
 
     Shapes:
         x: (..., D) -> q, k, v: each (..., D)
     """
 
-    def __init__(self, dim: int, bias: bool = True) -> None:
+    def __init__(self, dim: int, bias: bool = True, still_key_bias: bool = False) -> None:
         super().__init__()
         self.dim = dim
+        self.still_key_bias = still_key_bias
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each (..., D)
+        b = self.qkv.bias
+        if b is not None and self.still_key_bias:
+            d = self.dim
+            b = torch.cat([b[:d], b[d : 2 * d].detach(), b[2 * d :]])  # (3D,) the same values
+        q, k, v = F.linear(x, self.qkv.weight, b).chunk(3, dim=-1)  # each (..., D)
         return q, k, v
 
 
@@ -125,14 +134,6 @@ def check_dropout_weights_fit(n: int, heads: int, length: int, element_size: int
                           f"({n}, {heads}, {length}, {length}) weights, beyond the {free} bytes available")
 
 
-def _no_key_bias_grad(grad: torch.Tensor) -> torch.Tensor:
-    """The fused (3D,) bias gradient with its key part [D:2D] set to zero."""
-    d = grad.shape[0] // 3
-    grad = grad.clone()
-    grad[d : 2 * d] = 0
-    return grad
-
-
 class MultiHeadAttention(nn.Module):
     """Dense multi-head scaled dot-product attention (Vaswani et al. 2017).
 
@@ -171,9 +172,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.attn_drop = float(attn_drop)
-        self.qkv = QKVProjection(dim, bias=qkv_bias)
-        if qkv_bias:  # softmax ignores a key bias (q.b_k is the same for every key): its gradient is 0 up to rounding,
-            self.qkv.qkv.bias.register_hook(_no_key_bias_grad)  # which Adam would turn into steps; keep it exactly 0
+        self.qkv = QKVProjection(dim, bias=qkv_bias, still_key_bias=True)  # softmax ignores a key bias
         self.out = OutputProjection(dim, dropout=proj_drop)
 
     def forward(

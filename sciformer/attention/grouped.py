@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from sciformer.attention.layers import EdgeMLP, norm_layer
-from sciformer.attention.neighbor_index import check_neighbor_index
+from sciformer.attention.neighbor_index import check_neighbor_index, narrow_positions
 from sciformer.attention.positional import PositionMLP
 from sciformer.errors import ConfigError, DataError
 
@@ -151,7 +151,7 @@ class GroupedVectorAttention(nn.Module):
         if not isinstance(pos, Tensor) or pos.shape != (x.shape[0], 3):
             raise DataError(f"pos must have shape (N={x.shape[0]}, 3), got {tuple(getattr(pos, 'shape', ()))}")
         idx = check_neighbor_index(idx, x.shape[0], x.shape[0], allow_padding=True)
-        pos = pos.to(x.dtype)
+        pos = narrow_positions(pos, x.dtype)  # (N, 3)
         q, k, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
         rows = torch.arange(x.shape[0], device=x.device)  # (N,)
         if self.training:  # BatchNorm statistics over all edges at once

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sciformer.errors import DataError
 
-__all__ = ["check_neighbor_index", "check_points", "has_padding"]
+__all__ = ["check_neighbor_index", "check_points", "has_padding", "narrow_positions"]
 
 
 def check_neighbor_index(
@@ -71,3 +71,23 @@ def check_points(x: Tensor, pos: Tensor, in_channels: int) -> None:
 def has_padding(idx: Tensor) -> bool:
     """Whether a checked neighbour index holds any ``-1`` (padding) entry."""
     return idx.numel() > 0 and bool((idx < 0).any())
+
+
+def narrow_positions(pos: Tensor, dtype: torch.dtype) -> Tensor:
+    """Positions in the features' ``dtype`` with their offsets kept: wider positions (float64
+    UTM coordinates beside float32 features) are first moved to their bounding box's centre,
+    in their own precision, so that the narrowing rounds at the cloud's extent, not at 5e6 m
+    (0.5 m in float32). The layers use only offsets ``p_j - p_i``, which the move keeps.
+
+    Shapes:
+        pos: (N, 3) -> (N, 3)
+    """
+    if pos.dtype == dtype or pos.shape[0] == 0 or torch.finfo(pos.dtype).bits <= torch.finfo(dtype).bits:
+        return pos.to(dtype)
+    fixed = pos.detach()
+    finite = fixed.isfinite()  # (N, 3): a NaN row must not move every other row
+    lo = torch.where(finite, fixed, float("inf")).amin(dim=0)  # (3,)
+    hi = torch.where(finite, fixed, float("-inf")).amax(dim=0)
+    centre = torch.where(lo <= hi, (lo + hi) / 2, torch.zeros_like(lo))  # (3,)
+    return (pos - centre).to(dtype)  # (N, 3)
+

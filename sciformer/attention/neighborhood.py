@@ -40,6 +40,7 @@ from sciformer.attention.neighbor_index import (
     check_neighbor_index,
     check_points,
     has_padding,
+    narrow_positions,
 )
 from sciformer.attention.positional import PositionMLP
 from sciformer.errors import ConfigError, DataError
@@ -267,7 +268,7 @@ class PointTransformerLayer(nn.Module):
     def _attend(self, x: Tensor, pos: Tensor, idx: Tensor, padded: bool) -> Tensor:
         """The layer on a checked input (``padded``: idx holds -1 entries)."""
         n, k = idx.shape
-        pos = pos.to(x.dtype)
+        pos = narrow_positions(pos, x.dtype)  # (N, 3)
         q, kk, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)  # (N, C) each
         if padded:
             return self._forward_padded(q, kk, v, pos, idx)

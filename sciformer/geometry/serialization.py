@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from sciformer.errors import ConfigError, DataError
+from sciformer.geometry._validate import check_points
 from sciformer.geometry.batch import offset_to_batch
 
 ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")
@@ -35,6 +36,7 @@ def grid_coordinates(coord: torch.Tensor, grid_size: float, offset: torch.Tensor
     """
     if not grid_size > 0:
         raise ConfigError(f"grid_size: expected a positive voxel edge, got {grid_size}")
+    check_points(coord, "coord", 3)  # a NaN would become cell -2^63 and move its cloud's corner
     c64 = coord.detach().to(torch.float64)
     if offset is None or offset.numel() <= 1:
         lo = c64.min(dim=0, keepdim=True).values  # (1, 3)
@@ -117,14 +119,27 @@ def encode(grid: torch.Tensor, order: str, depth: int) -> torch.Tensor:
 def serialize(grid: torch.Tensor, offset: torch.Tensor, order: str, depth: int | None = None) -> torch.Tensor:
     """Codes of a packed batch: ``cloud << 3 depth | curve code`` (clouds never interleave).
 
+    Without ``depth``, each cloud is coded at its own depth (the bits its cells need), so a
+    cloud's order does not depend on the other clouds of its batch: a Hilbert curve of
+    another depth orders the same cells differently.
+
     Shapes:
         grid: (N, 3) int64 >= 0, offset: (B,) -> (N,) int64
     """
-    depth = curve_depth(grid) if depth is None else depth
+    top = curve_depth(grid) if depth is None else depth
     batch = offset_to_batch(offset).to(grid.device)  # (N,)
-    if offset.numel() > 1 and (offset.numel() - 1).bit_length() + 3 * depth > 62:
-        raise DataError(f"serialize: {offset.numel()} clouds with depth {depth} overflow int64 codes")
-    return (batch << (3 * depth)) | encode(grid, order, depth)  # (N,)
+    if offset.numel() > 1 and (offset.numel() - 1).bit_length() + 3 * top > 62:
+        raise DataError(f"serialize: {offset.numel()} clouds with depth {top} overflow int64 codes")
+    if depth is not None or offset.numel() <= 1 or order in ("z", "z-trans"):  # Z-order codes nest across depths
+        return (batch << (3 * top)) | encode(grid, order, top)  # (N,)
+    cloud_top = torch.zeros(offset.numel(), dtype=torch.int64, device=grid.device)
+    cloud_top = cloud_top.scatter_reduce(0, batch, grid.amax(dim=1), "amax")  # (B,) largest cell per cloud
+    point_depth = torch.tensor([max(1, int(v).bit_length()) for v in cloud_top.tolist()], device=grid.device)[batch]  # (N,)
+    code = torch.empty_like(batch)  # (N,)
+    for d in point_depth.unique().tolist():
+        rows = (point_depth == d).nonzero().squeeze(1)  # (n_d,)
+        code[rows] = encode(grid[rows], order, d)
+    return (batch << (3 * top)) | code  # (N,)
 
 
 def serialization_order(grid: torch.Tensor, offset: torch.Tensor, order: str, depth: int | None = None) -> torch.Tensor:

@@ -131,7 +131,9 @@ def test_gradcheck_double() -> None:
 def test_parameters_receive_gradients(attn: MultiHeadAttention) -> None:
     attn(torch.randn(2, 5, 16)).pow(2).sum().backward()
     for name, p in attn.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        assert p.grad is not None, name
+        part = p.grad[: 16] if name == "qkv.qkv.bias" else p.grad  # the key bias [16:32] is held still
+        assert part.abs().sum() > 0, name
 
 
 def test_dropout_only_in_training() -> None:
@@ -173,3 +175,28 @@ def test_attention_dropout_beyond_the_available_memory_is_refused_before_it_is_b
     attn.train()
     monkeypatch.setattr(dense, "available_memory", lambda: 200 * 2**20)
     assert attn(x).shape == (4, 1024, 8)
+
+
+@pytest.mark.parametrize("how", ["itself", "deepcopy", "assign"])
+def test_the_key_bias_never_moves_under_adam(how: str) -> None:
+    """Softmax ignores a key bias, so its gradient is kept exactly 0 (rounding noise would become
+    Adam steps), also for a deep copy and for weights loaded with ``assign=True``."""
+    import copy
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, num_heads=4)
+    if how == "deepcopy":
+        attn = copy.deepcopy(attn)
+    elif how == "assign":
+        fresh = MultiHeadAttention(16, num_heads=4)
+        fresh.load_state_dict({k: v.clone() for k, v in attn.state_dict().items()}, assign=True)
+        attn = fresh
+    key_bias, query_bias = attn.qkv.qkv.bias[16:32].detach().clone(), attn.qkv.qkv.bias[:16].detach().clone()
+    opt = torch.optim.Adam(attn.parameters(), lr=1e-2)
+    for _ in range(5):
+        opt.zero_grad()
+        attn(torch.randn(2, 7, 16)).pow(2).sum().backward()
+        assert torch.equal(attn.qkv.qkv.bias.grad[16:32], torch.zeros(16))
+        opt.step()
+    assert torch.equal(attn.qkv.qkv.bias[16:32].detach(), key_bias)
+    assert not torch.equal(attn.qkv.qkv.bias[:16].detach(), query_bias)  # the query bias does learn

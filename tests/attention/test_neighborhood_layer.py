@@ -232,3 +232,30 @@ def test_check_neighbor_index_returns_int64():
     idx = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
     out = check_neighbor_index(idx, 2, 2)
     assert out.dtype == torch.long and out.tolist() == [[0, 1], [1, 0]]
+
+
+# --------------------------------------------------------------------------- wide positions
+
+
+@pytest.mark.parametrize("memory_efficient", [True, False])
+@pytest.mark.parametrize("kind", ["ptv1", "grouped"])
+def test_float64_map_coordinates_beside_float32_features(kind: str, memory_efficient: bool) -> None:
+    """The layers use only offsets p_j - p_i: the same cloud at UTM-sized coordinates (5e6 m,
+    float64) gives the output it gives near the origin, not one rounded at float32's 0.5 m."""
+    from scipy.spatial import cKDTree
+
+    from sciformer.attention.grouped import GroupedVectorAttention
+
+    gen = torch.Generator().manual_seed(4)
+    local = torch.rand(300, 3, generator=gen, dtype=torch.float64) * 20.0  # a 20 m patch, cm detail
+    x = torch.randn(300, 16, generator=gen)
+    idx = torch.from_numpy(cKDTree(local.numpy()).query(local.numpy(), k=8)[1])
+    torch.manual_seed(0)
+    if kind == "ptv1":
+        layer: nn.Module = PointTransformerLayer(16, 16, memory_efficient=memory_efficient)
+    else:
+        layer = GroupedVectorAttention(16, 4)
+    layer.train()  # batch statistics: a mean over all edges, as sensitive as any
+    near = layer(x, local, idx)
+    far = layer(x, local + torch.tensor([512_345.678, 5_432_109.876, 123.0], dtype=torch.float64), idx)
+    torch.testing.assert_close(far, near, atol=1e-4, rtol=1e-4)

@@ -118,6 +118,20 @@ def test_serialize_keeps_clouds_apart_and_orders_each_cloud_alone() -> None:
         assert bool((codes[perm][1:] >= codes[perm][:-1]).all())
 
 
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_clouds_order_does_not_depend_on_the_other_clouds_extent(order: str) -> None:
+    """A small cloud batched with a far larger one is ordered as it is alone (the larger cloud
+    needs more curve bits; a Hilbert curve of more bits orders the small cloud's cells differently)."""
+    gen = torch.Generator().manual_seed(3)
+    small, large = torch.randint(0, 8, (60, 3), generator=gen), torch.randint(0, 1000, (50, 3), generator=gen)
+    for first, second in ((small, large), (large, small)):
+        grid = torch.cat([first, second])
+        perm = serialization_order(grid, sizes_to_offset([len(first), len(second)]), order)
+        assert torch.equal(perm[: len(first)], serialization_order(first, sizes_to_offset([len(first)]), order))
+        alone = serialization_order(second, sizes_to_offset([len(second)]), order)
+        assert torch.equal(perm[len(first) :] - len(first), alone)
+
+
 def test_grid_coordinates_per_cloud_origin() -> None:
     gen = torch.Generator().manual_seed(3)
     coord = torch.rand(30, 3, generator=gen) * 5
@@ -137,3 +151,12 @@ def test_bad_input_raises() -> None:
         serialize(torch.full((2, 3), 1 << 22), sizes_to_offset([2]), "z")
     with pytest.raises(ConfigError, match="grid_size"):
         grid_coordinates(torch.rand(3, 3), 0.0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_grid_coordinates_refuse_non_finite_coordinates(bad: float) -> None:
+    coord = torch.rand(5, 3)
+    coord[2, 1] = bad
+    with pytest.raises(DataError, match="non-finite.*row 2"):
+        grid_coordinates(coord, 0.1)
+

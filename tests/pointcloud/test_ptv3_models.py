@@ -80,6 +80,16 @@ def test_cloud_result_does_not_depend_on_the_batch() -> None:
         torch.testing.assert_close(model(batch)[:80], model(alone), atol=1e-5, rtol=1e-4)
 
 
+def test_cloud_result_does_not_depend_on_a_larger_cloud_in_the_batch() -> None:
+    torch.manual_seed(3)
+    model = build("point_transformer_v3_cls", orders=["hilbert", "z"]).eval()
+    batch = make_batch([80, 60], seed=3)
+    batch["coord"][80:] *= 40  # 40x the extent: 6 more curve bits than the first cloud needs
+    alone = {k: (v[:80] if k != "offset" else sizes_to_offset([80])) for k, v in batch.items()}
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch)[:1], model(alone), atol=1e-5, rtol=1e-4)
+
+
 def test_orders_are_shuffled_in_training_only() -> None:
     torch.manual_seed(3)
     model = build("point_transformer_v3_cls")
