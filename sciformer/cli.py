@@ -16,7 +16,8 @@ from typing import Any, NoReturn
 import sciformer
 from sciformer.engine.signals import command_is_process
 from sciformer.errors import SciformerError, resource_failure
-from sciformer.utils.text import print_names_as_bytes
+from sciformer.utils.ranks import check_one_process, is_main_process
+from sciformer.utils.text import outlive_closed_stdout, print_names_as_bytes
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -157,11 +158,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     from sciformer.config import check_batch_size
     from sciformer.contracts import PredictOptions
-    from sciformer.engine.inference import (
-        expand_inputs,
-        plan_outputs,
-        prediction_suffixes,
-    )
+    from sciformer.engine.inference import expand_inputs, plan_outputs, prediction_suffixes
 
     if args.batch_size is not None:  # as evaluation.batch_size
         check_batch_size(args.batch_size, "--batch-size")
@@ -333,11 +330,13 @@ def _run_command(argv: list[str] | None) -> int:
     if args.command is None:
         return parser.print_help() or 2
     print_names_as_bytes()
-    if command_is_process():  # the command is the process: SIGTERM ends any command like Ctrl-C
+    if command_is_process():  # the command is the process: SIGTERM ends any command like Ctrl-C; a closed stdout pipe does not
         from sciformer.engine.signals import terminate_as_interrupt
+        outlive_closed_stdout()
 
         terminate_as_interrupt(process=True)
     try:
+        check_one_process(args.command)
         code = COMMANDS[args.command](args)
         _quiet_signals()  # done and written: a signal from here on cannot make it look failed
         return code
@@ -364,7 +363,7 @@ def _report(command: str, message: str) -> None:
 
 def _emit(line: str) -> None:
     """One line on stderr, cut to MAX_MESSAGE characters; under torchrun only rank 0 reports."""
-    if os.environ.get("RANK", "0") not in ("", "0"):
+    if not is_main_process():
         return
     line = " ".join(line.split())
     if len(line) > MAX_MESSAGE:

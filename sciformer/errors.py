@@ -39,6 +39,8 @@ class CheckpointError(SciformerError, ValueError):
 
 # torch reports a failed allocation as a RuntimeError (torch.OutOfMemoryError on a GPU)
 _ALLOCATION_FAILED = ("can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory")
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "[/gloo/", "Gloo connectFullMesh", "NCCL communicator was aborted",
+              "ProcessGroupGloo", "ProcessGroupNCCL")
 
 
 def _bytes_text(n: float) -> str:
@@ -65,6 +67,10 @@ def resource_failure(exc: BaseException) -> str | None:
                 f"open files: {_open_files()}); try fewer train.num_workers (0 loads in this process)")
     if any(mark in text for mark in _ALLOCATION_FAILED):
         return _out_of_memory(text)
+    if any(mark in text for mark in _PEER_LOST):  # gloo / NCCL: another process of a torchrun launch ended
+        first = " ".join(text.split())[:160]
+        return (f"another process of this run stopped ({first}); its error, if any, is in torchrun's summary above; "
+                "the last checkpoint stays: continue with the same torchrun command and --resume RUN")
     return None
 
 

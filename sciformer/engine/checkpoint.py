@@ -7,7 +7,7 @@ A checkpoint is a dict of plain data and tensors::
      "data_info": {...}, "data_state": {...},
      "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,
      "epoch": int (completed epochs), "step_in_epoch": int, "global_step": int,
-     "partial": [loss sum, count] of the epoch in progress, "history": [per-epoch rows],
+     "partial": [loss sum, loss weight] of the epoch in progress, "history": [per-epoch rows],
      "best": {"metric": str, "value": float, "epoch": int, "loss": float (validation loss; the tie-break)},
      "init_from": what ``train.init_from`` loaded (checkpoint, sha256, tensors) or None,
      "run_id": str (the run that wrote it; its env.json names it too)}

@@ -77,6 +77,9 @@ def init_distributed(device_name: str) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device_name != "cpu" and torch.cuda.is_available()
     if use_cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise SciformerError(f"process {local_rank} of this machine has no GPU of its own ({torch.cuda.device_count()} visible); "
+                                 "start at most one process per GPU (torchrun --nproc-per-node), or train on CPU with train.device=cpu")
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         try:

@@ -28,13 +28,13 @@ from sciformer.errors import SciformerError
 from sciformer.utils.progress import progress
 
 
-def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: int, dist: DistContext) -> tuple[Scores, float]:
-    """Sum confusion matrices and losses over ranks; returns scores and mean loss."""
+def reduce_evaluation(confusion: ConfusionMatrix, loss_sum: float, count: float, dist: DistContext) -> tuple[Scores, float]:
+    """Sum confusion matrices and losses over ranks; returns scores and mean loss (``count``: the loss weight)."""
     if dist.enabled:
         for tensor in confusion.sums():  # the confusion matrix and, for part segmentation, the shape IoUs
             dist.all_reduce_sum(tensor)
         totals = dist.all_reduce_sum(torch.tensor([loss_sum, float(count)], dtype=torch.float64))
-        loss_sum, count = float(totals[0]), int(totals[1])
+        loss_sum, count = float(totals[0]), float(totals[1])
     return confusion.compute(), (loss_sum / count if count else float("nan"))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from sciformer import config
 from sciformer.config import Experiment
 from sciformer.errors import CheckpointError, ConfigError
+from sciformer.utils.ranks import is_main_process
 
 
 def default_run_dir(name: str) -> Path:
@@ -77,7 +78,7 @@ def prepare_training(
             raise ConfigError(f"--resume cannot change train.init_from (checkpoint '{ckpt_path}' has {stored_init!r}); the weights come from the run")
         if out is not None and out.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {out} differs from the resumed run folder {run_dir}; drop --output-dir")
-        if config_source is not None:
+        if config_source is not None and is_main_process():
             print(f"note: --resume takes the config stored in the run; {config_source} is not read "
                   "(to fine-tune its weights on another experiment, use --init-from)", file=sys.stderr)
         return exp, run_dir, state

@@ -31,6 +31,22 @@ def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManage
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def loss_weight(loss_fn: nn.Module, target: torch.Tensor) -> float:
+    """What ``loss_fn``'s mean divides by over ``target``: the count of labelled targets, or with
+    class weights (``CrossEntropyLoss(weight=...)``) the sum of their weights. Per-sample means
+    of several batches or ranks add up exactly when each is weighted by this.
+
+    Shapes:
+        target: (n,) int64
+    """
+    ignore = getattr(loss_fn, "ignore_index", None)
+    labelled = target[target != ignore] if ignore is not None else target  # (n_l,)
+    weight = getattr(loss_fn, "weight", None)
+    if weight is None:
+        return float(labelled.numel())
+    return float(weight.to(torch.float64).index_select(0, labelled.to(weight.device)).sum()) if labelled.numel() else 0.0
+
+
 def train_steps(
     model: nn.Module,
     batches: Iterator[Batch],
@@ -44,27 +60,27 @@ def train_steps(
     grad_clip: float | None,
     on_step: Callable[[float, int], None] | None = None,
     before_step: Callable[[int, Batch], None] | None = None,
-    reduce_step: Callable[[int, bool], tuple[int, bool]] | None = None,
+    reduce_step: Callable[[float, bool], tuple[float, bool]] | None = None,
     world_size: int = 1,
-) -> tuple[float, int]:
-    """Run optimisation steps over ``batches``; returns (summed loss x samples, samples).
+) -> tuple[float, float]:
+    """Run optimisation steps over ``batches``; returns (summed loss x weight, weight).
 
-    ``before_step(i, batch)`` runs before the forward pass (per-step random streams).
-    ``reduce_step(count, non_finite)`` turns this process's labelled count and loss state
+    The weight of a batch is :func:`loss_weight`: its labelled count, or the sum of their
+    class weights. ``before_step(i, batch)`` runs before the forward pass (per-step random
+    streams). ``reduce_step(weight, non_finite)`` turns this process's weight and loss state
     into global ones (all ranks); each rank's loss is then weighted by its share of the
-    global count, so the gradient averaged over ``world_size`` ranks is the per-sample mean
-    over the global batch, uneven shares included. ``on_step(loss_sum, count)`` is called
-    after every optimiser step with the running totals (checkpointing, signal handling).
+    global weight, so the gradient averaged over ``world_size`` ranks is the loss of the
+    global batch, uneven shares and class weights included. ``on_step(loss_sum, weight)`` is
+    called after every optimiser step with the running totals (checkpointing, signals).
     """
     model.train()
-    loss_sum, count = 0.0, 0
-    ignore = getattr(loss_fn, "ignore_index", None)
+    loss_sum, count = 0.0, 0.0
     for i, batch in enumerate(batches):
         batch = to_device(batch, device)
         target = batch["target"].reshape(-1)  # (n,)
         if before_step is not None:
             before_step(i, batch)
-        n = int((target != ignore).sum()) if ignore is not None else target.numel()
+        n = loss_weight(loss_fn, target)
         with autocast(device, amp):
             logits = model(batch)  # (n, C)
             loss = loss_fn(logits.float(), target) if n else logits.float().sum() * 0.0
@@ -123,8 +139,8 @@ def evaluate(
     device: torch.device,
     amp: str = "none",
     parts: PartIoU | None = None,
-) -> tuple[ConfusionMatrix, float, int]:
-    """Confusion matrix, summed loss and labelled count of ``model`` over ``batches``.
+) -> tuple[ConfusionMatrix, float, float]:
+    """Confusion matrix, summed loss x weight and weight (:func:`loss_weight`) of ``model`` over ``batches``.
 
     Sums (rather than means) so results of several processes add up exactly. A
     batch with ``votes = V`` holds V adjacent copies of each sample: their class
@@ -134,7 +150,7 @@ def evaluate(
     """
     model.eval()
     confusion = ConfusionMatrix(num_classes, ignore_index, parts=parts)
-    loss_sum, count = 0.0, 0
+    loss_sum, count = 0.0, 0.0
     for batch in batches:
         batch = to_device(batch, device)
         target = batch["target"].reshape(-1)  # (n,) or (n * V,)
@@ -145,7 +161,7 @@ def evaluate(
             logits, target = merge_votes(logits, target, votes)  # (n, C) log-probabilities, (n,)
         confusion.update(parts.update(logits, target, batch) if parts is not None else logits.argmax(dim=1), target)
         if loss_fn is not None:
-            n = int((target != ignore_index).sum())
+            n = loss_weight(loss_fn, target)
             if n:
                 loss_sum += float(loss_fn(logits, target)) * n
                 count += n

@@ -265,9 +265,9 @@ def check_resume_state(state: dict[str, Any], where: str) -> dict[str, Any]:
     }
     partial = state.get("partial", (0.0, 0))
     if (not isinstance(partial, (list, tuple)) or len(partial) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in partial)
-            or not math.isfinite(partial[0]) or not (isinstance(partial[1], int) and partial[1] >= 0)):
-        raise CheckpointError(f"checkpoint '{where}': 'partial' is {str(partial)[:60]!r}; expected [loss sum, count]")
-    out["partial"] = (float(partial[0]), int(partial[1]))
+            or not math.isfinite(partial[0]) or not (math.isfinite(partial[1]) and partial[1] >= 0)):
+        raise CheckpointError(f"checkpoint '{where}': 'partial' is {str(partial)[:60]!r}; expected [loss sum, loss weight]")
+    out["partial"] = (float(partial[0]), float(partial[1]))
     best = state.get("best")
     if not isinstance(best, dict) or not {"metric", "value", "epoch"} <= set(best) or not isinstance(best["epoch"], int) \
             or not (best["value"] is None or isinstance(best["value"], (int, float))):
@@ -326,3 +326,23 @@ def retire_test_result(run_dir: Path, log: Any = print) -> None:
     if removed:
         log(f"best.pt changes: the earlier test result ({', '.join(removed)}) no longer describes it and was removed; "
             "the final evaluation writes it anew")
+
+
+def resume_command(run_dir: Path, world_size: int) -> str:
+    """The command that continues ``run_dir`` as it ran: on ``world_size`` processes under torchrun."""
+    if world_size <= 1:
+        return f"sciformer train --resume {run_dir}"
+    return f"torchrun --nproc-per-node {world_size} -m sciformer train --resume {run_dir} (the same torchrun options as the run)"
+
+
+def check_resume_layout(state: dict[str, Any], where: str, steps_per_epoch: int, world_size: int) -> None:
+    """Refuse a resume whose process count changes the epoch's batches: the global batches are the
+    same on any number of processes except a last one with fewer than 2 samples per process,
+    which is dropped, so the steps per epoch (and the schedule built on them) would change."""
+    old_steps, old_world = state.get("steps_per_epoch"), state.get("world_size")
+    if not isinstance(old_steps, int) or not isinstance(old_world, int) or old_steps == steps_per_epoch:
+        return  # written before these were recorded, or the same batches
+    raise CheckpointError(f"checkpoint '{where}': the run took {old_steps} steps per epoch on {old_world} process(es), and on "
+                          f"{world_size} it would take {steps_per_epoch} (its last batch has too few samples for "
+                          f"{max(old_world, world_size)} processes); continue with: {resume_command(Path(where).parents[1], old_world)}")
+

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from sciformer.errors import SciformerError
+from sciformer.utils.ranks import is_main_process
 
 
 class Interrupted(SciformerError):
@@ -80,7 +81,8 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
         for cleanup in reversed(_CLEANUPS):
             with contextlib.suppress(BaseException):
                 cleanup()
-        os.write(2, b"sciformer: interrupted\n")
+        if is_main_process():
+            os.write(2, b"sciformer: interrupted\n")
         os._exit(130)
     raise KeyboardInterrupt
 

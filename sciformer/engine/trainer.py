@@ -40,14 +40,8 @@ from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.reporting import metrics_csv_text
-from sciformer.engine.runfolder import check_resume_state, lock_run_dir, retire_test_result
-from sciformer.engine.runtime import (
-    apply_threads,
-    environment,
-    epoch_seed,
-    pick_device,
-    seed_everything,
-)
+from sciformer.engine.runfolder import check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
+from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.selection import improves, new_best, restore_best
 from sciformer.engine.signals import Interrupted, StopFlag
 from sciformer.engine.weights import context, init_from_checkpoint, load_strict, reason, resolve_init_from
@@ -92,6 +86,10 @@ class Trainer:
         self.device = pick_device(t.device)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
+        self.dist.barrier()  # rank 0 holds the run folder's lock by now: every process must see it
+        if self.dist.any(not (self.run_dir / ".lock").is_file(), self.device):
+            raise SciformerError(f"the run folder {self.run_dir} is not one folder for every process: with torchrun --nnodes > 1, "
+                                 "--output-dir must be on a file system all machines share")
         if self.dist.enabled and t.batch_size < 2 * self.dist.world_size:
             raise SciformerError(f"train.batch_size {t.batch_size} is the global batch; with {self.dist.world_size} processes it must be at least {2 * self.dist.world_size}")
         if t.amp == "fp16" and self.device.type != "cuda":
@@ -129,7 +127,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if t.amp == "fp16" else None
         self.has_val = len(self.task.dataset("val")) > 0
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
-        self.partial = (0.0, 0)  # loss sum and count of the epoch in progress
+        self.partial = (0.0, 0.0)  # loss sum and loss weight of the epoch in progress
         self.best = new_best(t.monitor)
         self.history: list[dict[str, Any]] = []
         self.run_id = str((resume_state or {}).get("run_id") or uuid.uuid4().hex)  # in last.pt and env.json: a copied last.pt is told apart
@@ -137,7 +135,7 @@ class Trainer:
             self._restore(resume_state)
 
     # ------------------------------------------------------------------ state
-    def _payload(self, partial: tuple[float, int]) -> dict[str, Any]:
+    def _payload(self, partial: tuple[float, float]) -> dict[str, Any]:
         return {
             "config": self.exp.to_dict(),
             "config_dir": str(self.exp.base_dir),
@@ -156,12 +154,14 @@ class Trainer:
             "init_from": self.init_from,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "run_id": self.run_id,
+            "world_size": self.dist.world_size, "steps_per_epoch": self.steps_per_epoch,  # checked by --resume
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Load a resumed state; every mismatch is a one-line CheckpointError, raised before any file is written."""
         where = str(self.run_dir / "checkpoints" / "last.pt")
         pos = check_resume_state(state, where)
+        check_resume_layout(state, where, self.steps_per_epoch, self.dist.world_size)
         saved = builders.data_info_to_dict(self.info)
         if any(state["data_info"].get(k) != saved[k] for k in ("num_classes", "in_channels")):
             raise CheckpointError(f"checkpoint '{where}': the run's data changed since it was written: {reason(context(state, self.exp.to_dict(), saved))[0]}; "
@@ -185,12 +185,12 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.step_in_epoch, self.global_step = pos["epoch"], pos["step_in_epoch"], pos["global_step"]
         # the stored partial loss is global: rank 0 carries it, the others start from zero
-        self.partial = pos["partial"] if self.dist.is_main else (0.0, 0)
+        self.partial = pos["partial"] if self.dist.is_main else (0.0, 0.0)
         self.history = [dict(row) for row in state.get("history", [])]
         self.best = restore_best(state["best"], self.history)
         self.init_from = state.get("init_from")
 
-    def _save(self, name: str, partial: tuple[float, int] = (0.0, 0)) -> None:
+    def _save(self, name: str, partial: tuple[float, float] = (0.0, 0.0)) -> None:
         """Write a checkpoint (rank 0); ``partial`` is the global loss sum/count of the epoch in progress."""
         if self.dist.is_main:
             if name == "best.pt":
@@ -274,7 +274,8 @@ class Trainer:
                 self.epoch += 1
                 self.step_in_epoch = 0
                 self.partial = (0.0, 0)
-                row: dict[str, Any] = {"epoch": self.epoch, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss_sum / max(count, 1)}
+                row: dict[str, Any] = {"epoch": self.epoch, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"],
+                                       "train_loss": loss_sum / count if count > 0 else 0.0}
                 stop_early = False
                 validate = self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs)
                 # train.ema: the average is validated and becomes best.pt's model (swapped in only then)
@@ -305,13 +306,13 @@ class Trainer:
                              "scores NaN and cannot become best.pt (diverged? try train.grad_clip or a lower optimizer.lr)")
                 if self.dist.any(stop.signal is not None, self.device):  # a signal during validation or the save
                     raise Interrupted(f"stopped by signal {stop.signal or 'on another rank'} after epoch {self.epoch}; "
-                                      f"checkpoint written, continue with: sciformer train --resume {self.run_dir}")
+                                      f"checkpoint written, continue with: {resume_command(self.run_dir, self.dist.world_size)}")
                 if stop_early:
                     self.log(f"early stop: no validation improvement for {t.early_stop_patience} validations")
                     break
 
-    def _run_epoch(self, stop: StopFlag) -> tuple[float, int]:
-        """Train the rest of the epoch; returns the epoch's loss sum and count (resumed part included)."""
+    def _run_epoch(self, stop: StopFlag) -> tuple[float, float]:
+        """Train the rest of the epoch; returns the epoch's loss sum and weight (resumed part included)."""
         t = self.cfg.train
         base_sum, base_count = self.partial
         batches, sizes = self._epoch_batches()
@@ -321,13 +322,13 @@ class Trainer:
             # rows of the global batch this rank holds (the sampler deals them round-robin)
             self.noise.begin(self.global_step, torch.arange(rank, sizes[i], world), sizes[i])
 
-        def reduce_step(count: int, non_finite: bool) -> tuple[int, bool]:
+        def reduce_step(count: float, non_finite: bool) -> tuple[float, bool]:
             if not self.dist.enabled:
                 return count, non_finite
             totals = self.dist.all_reduce_sum(torch.tensor([count, int(non_finite)], dtype=torch.float64))
-            return int(totals[0]), bool(totals[1] > 0)
+            return float(totals[0]), bool(totals[1] > 0)
 
-        def on_step(loss_sum: float, count: int) -> None:
+        def on_step(loss_sum: float, count: float) -> None:
             self._check_finite()
             if self.ema is not None:
                 self.ema.update(self.model)
@@ -340,7 +341,7 @@ class Trainer:
             if stopping:
                 raise Interrupted(
                     f"stopped by signal {stop.signal or 'on another rank'} at epoch {self.epoch + 1}, step {self.step_in_epoch}; "
-                    f"checkpoint written, continue with: sciformer train --resume {self.run_dir}"
+                    f"checkpoint written, continue with: {resume_command(self.run_dir, self.dist.world_size)}"
                 )
 
         train_steps(self.net, batches, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=self.scheduler,
@@ -360,12 +361,12 @@ class Trainer:
             raise TrainingDiverged(f"training weights became nan/inf at epoch {self.epoch + 1}, step {self.step_in_epoch + 1}; "
                                    "lower optimizer.lr or set train.grad_clip, then --resume")
 
-    def _reduced(self, partial: tuple[float, int]) -> tuple[float, int]:
-        """Loss sum and count summed over ranks."""
+    def _reduced(self, partial: tuple[float, float]) -> tuple[float, float]:
+        """Loss sum and loss weight (:func:`~sciformer.engine.loops.loss_weight`) summed over ranks."""
         if not self.dist.enabled:
             return partial
         totals = self.dist.all_reduce_sum(torch.tensor(partial, dtype=torch.float64))
-        return float(totals[0]), int(totals[1])
+        return float(totals[0]), float(totals[1])
 
     def _evaluate(self, split: str) -> tuple[Scores, float]:
         t = self.cfg.train

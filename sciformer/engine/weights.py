@@ -89,9 +89,11 @@ def reason(ctx: Context, src: Shape | None = None, dst: Shape | None = None) -> 
         return (f"the checkpoint was trained on {i0} {ctx.channel_unit}, this data has {i1}", f"{i0} -> {i1} {ctx.channel_unit}")
     if _differs_by(src, dst, k0, k1):
         return f"the checkpoint knows {k0} shape categories, this data has {k1}", f"{k0} -> {k1} categories"
-    if ctx.params:
-        key, old, new = ctx.params[0]
-        return f"{key} is {_short(old)} in the checkpoint, {_short(new)} here", f"{key} {_short(old)} -> {_short(new)}"
+    if ctx.params:  # every differing setting (up to 3 named): one may not be the one that changed this tensor
+        shown = ctx.params[:3]
+        more = f" (+{len(ctx.params) - 3} more)" if len(ctx.params) > 3 else ""
+        long = "; ".join(f"{key} is {_short(old)} in the checkpoint, {_short(new)} here" for key, old, new in shown) + more
+        return long, ", ".join(f"{key} {_short(old)} -> {_short(new)}" for key, old, new in shown) + more
     if p0 != p1:
         return f"the checkpoint was trained on {p0}x{p0} patches, this data has {p1}x{p1}", f"patch {p0} -> {p1}"
     if i0 != i1:

@@ -11,9 +11,11 @@ matplotlib can draw, keeping it recognisable::
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+from typing import Any
 
-__all__ = ["drawable", "print_names_as_bytes", "utf8_safe"]
+__all__ = ["drawable", "outlive_closed_stdout", "print_names_as_bytes", "utf8_safe"]
 
 
 def drawable(text: object) -> str:
@@ -42,3 +44,42 @@ def print_names_as_bytes() -> None:
         if getattr(stream, "errors", None) == "strict":
             with contextlib.suppress(AttributeError, ValueError, OSError):
                 stream.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+
+
+class _OutlivingStdout:
+    """stdout that outlives its reader: once the pipe is closed (``sciformer train ... | head``),
+    further output goes to /dev/null instead of ending the run with "Broken pipe" (train.log
+    keeps every line). Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the exit-time flush then finds /dev/null, not the pipe
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        self._stream = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def outlive_closed_stdout() -> None:
+    """Make ``sys.stdout`` survive its reader going away (see :class:`_OutlivingStdout`); once per process."""
+    if not isinstance(sys.stdout, _OutlivingStdout) and sys.stdout is not None:
+        sys.stdout = _OutlivingStdout(sys.stdout)
+

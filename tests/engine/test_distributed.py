@@ -23,7 +23,7 @@ from sciformer.engine.checkpoint import load_checkpoint
 TOLERANCE = 1e-5
 
 
-def _scene(tmp_path: Path, optimizer: str) -> Path:
+def _scene(tmp_path: Path, optimizer: str, weighted: bool = False) -> Path:
     cube, gt, _ = make_hsi_scene(h=24, w=24, bands=12, classes=3, block=4)
     np.save(tmp_path / "cube.npy", cube.astype(np.float32))
     np.save(tmp_path / "gt.npy", gt.astype(np.int64))
@@ -35,7 +35,7 @@ def _scene(tmp_path: Path, optimizer: str) -> Path:
         "       split: {kind: stratified, train_per_class: 42, val_fraction: 0.25}}\n"  # 88 training samples
         "model: {name: spectralformer, dim: 16, depth: 1, num_heads: 2, dropout: 0.2, drop_path: 0.2, group_size: 3, stride: 3}\n"
         f"optimizer: {{name: {optimizer}, lr: {lr}}}\n"
-        "train: {epochs: 2, batch_size: 15, progress: never, threads: 1}\n"
+        "train: {epochs: 2, batch_size: 15, progress: never, threads: 1" + (", class_weights: [1, 4, 9]" if weighted else "") + "}\n"
         "export: {png: false, envi: false}\n"
     )
     return cfg
@@ -51,9 +51,10 @@ def _torchrun(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_two_processes_match_one(tmp_path: Path, optimizer: str) -> None:
-    cfg = _scene(tmp_path, optimizer)
+@pytest.mark.parametrize("optimizer,weighted", [("sgd", False), ("adamw", False), ("sgd", True)])
+def test_two_processes_match_one(tmp_path: Path, optimizer: str, weighted: bool) -> None:
+    """With class weights, a rank's loss is a mean over its share of the weight, not of the count."""
+    cfg = _scene(tmp_path, optimizer, weighted)
     single = _run([sys.executable, "-m", "sciformer", "train", "-c", str(cfg), "-o", "single"], tmp_path)
     assert single.returncode == 0, single.stderr
     assert "'train': 88" in single.stdout  # 5 batches of 15 (8 + 7 per rank) and one of 13 (7 + 6)
@@ -128,3 +129,33 @@ def test_a_rank_ends_through_its_exit_handlers_not_finalization(joined: bool) ->
         assert lines == ["exit handlers ran"]
     else:
         assert lines == ["main returned 3", "exit handlers ran", "finalized"]
+
+
+@pytest.mark.parametrize("command", [["evaluate", "--checkpoint", "run"], ["predict", "--checkpoint", "run", "-i", "a.las", "-o", "b.las"],
+                                     ["pretrain", "-c", "exp.yaml"]])
+def test_only_train_runs_under_torchrun(command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture) -> None:
+    """Any other command would run whole on every process, each writing the same outputs: refused in
+    one line from rank 0, the same exit code on every rank, nothing written."""
+    from sciformer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, lines in (("0", 1), ("1", 0)):
+        monkeypatch.setenv("RANK", rank)
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == lines
+        if lines:
+            assert f"sciformer {command[0]} runs in one process; run it without torchrun" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lost_peer_is_one_line_that_says_how_to_continue() -> None:
+    from sciformer.errors import resource_failure
+
+    text = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:12679: Connection reset by peer. "
+            "This is typically caused by a remote process ending")
+    line = resource_failure(RuntimeError(text))
+    assert line is not None and "another process of this run stopped" in line and "--resume" in line
+    assert resource_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None  # a bug keeps its traceback

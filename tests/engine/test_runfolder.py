@@ -280,3 +280,29 @@ def test_a_signal_while_the_run_folder_is_taken_leaves_no_folder(tmp_path: Path,
     with pytest.raises(KeyboardInterrupt):
         runfolder.lock_run_dir(tmp_path / "new" / "parents" / "run")
     assert not (tmp_path / "new").exists()
+
+
+def test_resume_on_a_process_count_that_changes_the_epoch_is_refused(toy_config: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """A run on 3 processes drops a last global batch with fewer than 6 samples, one process keeps
+    it: resuming on another count would change the steps per epoch and the schedule built on them.
+    The checkpoint records both; a mismatch names the command that continues the run as it ran."""
+    import torch
+
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=2"]) == 0
+    last = run / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=True)
+    assert state["world_size"] == 1 and state["steps_per_epoch"] > 1
+    state["world_size"], state["steps_per_epoch"] = 3, state["steps_per_epoch"] - 1  # as written by 3 processes
+    torch.save(state, last)
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "train.epochs=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "on 3 process(es)" in err[0] and f"torchrun --nproc-per-node 3 -m sciformer train --resume {run}" in err[0], err
+    after = _snapshot(run)
+    assert {k: v for k, v in after.items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}  # the lock names the last process
+    state["world_size"], state["steps_per_epoch"] = 3, state["steps_per_epoch"] + 1  # the same batches on 3 processes
+    torch.save(state, last)
+    assert main(["train", "--resume", str(run), "train.epochs=3"]) == 0

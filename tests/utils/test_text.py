@@ -48,3 +48,32 @@ def test_a_printable_name_without_dollar_is_drawn_unchanged(text: str) -> None:
 ])
 def test_undecodable_bytes_and_special_characters_are_shown_escaped(raw: bytes, shown: str) -> None:
     assert drawable(os.fsdecode(raw)) == shown
+
+
+def test_a_run_outlives_the_reader_of_its_output(tmp_path) -> None:
+    """`sciformer train ... | head -1`: the pipe closes after the first line; the run goes on and
+    finishes (its lines go to train.log), instead of ending with "Broken pipe"."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+    from synthetic import make_hsi_scene
+
+    cube, gt, _ = make_hsi_scene(h=16, w=16, bands=8, classes=3, block=4)
+    np.save(tmp_path / "cube.npy", cube.astype(np.float32))
+    np.save(tmp_path / "gt.npy", gt.astype(np.int64))
+    (tmp_path / "exp.yaml").write_text(
+        "data: {name: hsi_scene, source: cube.npy, label_path: gt.npy, patch_size: 3, split: {kind: stratified, train_per_class: 10}}\n"
+        "model: {name: spectralformer, dim: 8, depth: 1, num_heads: 1, group_size: 2, stride: 2}\n"
+        "train: {epochs: 3, batch_size: 8, progress: never, threads: 1}\nexport: {png: false, envi: false}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "sciformer", "train", "-c", "exp.yaml", "-o", "run"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline()
+    proc.stdout.close()  # the reader is gone
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Broken pipe" not in err
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assert "test results" in (tmp_path / "run" / "train.log").read_text()

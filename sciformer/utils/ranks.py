@@ -1,0 +1,20 @@
+"""Which process of a torchrun launch this is, from the environment torchrun sets: only the
+main process reports to the user (one line per error, one copy of each note)."""
+
+from __future__ import annotations
+
+import os
+
+
+def is_main_process() -> bool:
+    """Whether this process reports: the only process, or rank 0 under torchrun (``RANK``)."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def check_one_process(command: str) -> None:
+    """Only ``train`` spreads over torchrun's processes; any other command under torchrun would
+    run whole on every process (each writing the same outputs): refused in one line."""
+    from sciformer.errors import ConfigError
+
+    if command != "train" and int(os.environ.get("WORLD_SIZE", "1") or "1") > 1:
+        raise ConfigError(f"sciformer {command} runs in one process; run it without torchrun (only train spreads over processes)")
