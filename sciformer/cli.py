@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="one table of runs' config differences and test metrics")
     compare.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders")
     compare.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write CSV (to PATH, or stdout) instead of the table")
+    compare.add_argument("--overwrite", action="store_true", help="replace an existing --csv file (never one inside a compared run)")
     cfg = sub.add_parser("config", help="list the config keys of a model, dataset or section")
     cfg.add_argument("--list", required=True, metavar="NAME", dest="name", help="a model, a dataset or a section (train, optimizer, ...)")
     return parser
@@ -276,7 +277,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from sciformer.engine.compare import compare_runs, format_table, to_csv
+    from sciformer.engine.compare import compare_runs, format_table, to_csv, write_csv
 
     header, rows = compare_runs(args.runs)
     if args.csv is None:
@@ -284,16 +285,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif args.csv == "-":
         print(to_csv(header, rows), end="")
     else:
-        from sciformer.utils.atomic import atomic_write_text
-
-        out = Path(args.csv)
-        if out.is_dir():
-            raise SciformerError(f"--csv '{out}' is a directory; name a .csv file")
-        if any(out.resolve().parent == Path(run).resolve() for run in args.runs):
-            raise SciformerError(f"--csv '{out}' lies in a compared run folder; its files are never replaced")
-        if out.exists() and out.suffix.lower() != ".csv":
-            raise SciformerError(f"--csv '{out}' exists and is not a .csv file; name a .csv file")
-        atomic_write_text(out, to_csv(header, rows))
+        write_csv(Path(args.csv), to_csv(header, rows), args.runs, overwrite=args.overwrite)
         print(f"wrote {args.csv}")
     return 0
 

@@ -203,3 +203,33 @@ def _check_data_info(info: dict[str, Any], path: Path) -> None:
     names = info.get("class_names")
     if names is not None and (not isinstance(names, (list, tuple)) or len(names) != info.get("num_classes") or not all(isinstance(n, str) for n in names)):
         raise CheckpointError(f"checkpoint '{path}': data_info.class_names must be {info.get('num_classes')} names")
+
+
+def checkpoint_progress(path: Path) -> dict[str, Any]:
+    """A checkpoint's records without reading its tensors: ``epoch``, ``step_in_epoch``, ``best``
+    (the tensors are memory-mapped, never read; loaded with ``weights_only=True``)."""
+    try:
+        regular_file(path, "checkpoint")
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    with open(path, "rb") as handle:
+        _check_container(handle, path)
+        try:
+            str(path).encode("utf-8")  # torch's memory map takes a UTF-8 name; another name is read whole
+        except UnicodeEncodeError:
+            handle.seek(0)
+            data = _torch_load(handle, path)
+        else:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:  # noqa: BLE001 - a damaged, foreign or pickled-code file
+                raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"'{path}' is not a sciformer checkpoint (no '{FORMAT}' tag)")
+    epoch, step, best = data.get("epoch"), data.get("step_in_epoch", 0), data.get("best")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (epoch, step)):
+        raise CheckpointError(f"checkpoint '{path}': 'epoch' / 'step_in_epoch' are not counts")
+    best_epoch = best.get("epoch") if isinstance(best, dict) else None
+    return {"epoch": epoch, "step_in_epoch": step, "best_epoch": best_epoch if isinstance(best_epoch, int) else None}

@@ -8,18 +8,23 @@ import csv
 import inspect
 import io
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from sciformer.errors import ConfigError, SciformerError
+from sciformer.errors import ConfigError, DataError, SciformerError
 from sciformer.utils import yamlio
+from sciformer.utils.atomic import atomic_write_text
+from sciformer.utils.limits import regular_file
 
-METRIC_KEYS = ("oa", "aa", "macc", "kappa", "miou", "best_epoch", "best_val", "pretrain_loss")
+SCORE_KEYS = ("oa", "aa", "macc", "kappa", "miou")  # named by the split metrics.json was computed on: test_oa, val_oa
+RECORD_KEYS = ("best_epoch", "best_val", "pretrain_loss")
 PRETRAIN_RECORD_ONLY = ("history", "env", "train_pixels_sha256")  # pretrain.json keys that are results, not settings
 EVERY_POINT_KEYS = ("oa", "miou")  # whole scenes: metrics.json's full_resolution (every point, with the test views)
+MAX_RECORD_BYTES = 64 * 2**20  # a metrics.json / pretrain.json larger than this is not one sciformer wrote
 
 # ------------------------------------------------------------------------- compare
 
@@ -43,36 +48,120 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _damaged(path: Path, what: str) -> DataError:
+    return DataError(f"'{path}' {what}; restore the run's file or leave the run out of compare")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A run's JSON record (metrics.json, pretrain.json) as a dict; one-line DataError naming the file otherwise."""
+    regular_file(path, path.name)
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise _damaged(path, f"is larger than {MAX_RECORD_BYTES >> 20} MiB, not a record sciformer writes")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _damaged(path, "is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise _damaged(path, "is empty" if not exc.doc.strip() else f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise _damaged(path, f"holds a JSON {type(data).__name__}, not the object sciformer writes")
+    return data
+
+
+def _run_files(run: Path) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(flattened config, metrics, is a pre-training folder) of one run folder, each checked."""
+    cfg_path = run / "config.yaml"
+    if not cfg_path.is_file():
+        raise SciformerError(f"compare: '{run}' is not a run folder (no config.yaml)")
+    config = yamlio.load_file(cfg_path)
+    if not isinstance(config, dict) or not config:
+        raise _damaged(cfg_path, "is not a run's config (a YAML mapping of sections expected)")
+    flat = _flatten(config)
+    mpath = run / "metrics.json"
+    metrics = read_json_object(mpath) if os.path.lexists(mpath) else {}
+    full = metrics.get("full_resolution", {})
+    if not isinstance(full, dict) or not isinstance(metrics.get("split", "test"), str):
+        raise _damaged(mpath, "has a 'full_resolution' that is no object or a 'split' that is no name")
+    pre = run / "pretrain.json"
+    if os.path.lexists(pre):  # a `sciformer pretrain` folder: its settings compare as pretrain.*, its last loss as a metric
+        record = read_json_object(pre)
+        history = record.get("history") or [{}]
+        if not isinstance(history, list) or not isinstance(history[-1], dict):
+            raise _damaged(pre, "has a 'history' that is not a list of per-epoch objects")
+        flat.update({f"pretrain.{k}": v for k, v in record.items() if k not in PRETRAIN_RECORD_ONLY})
+        metrics = {**metrics, "pretrain_loss": history[-1].get("train_loss")}
+    return flat, metrics, os.path.lexists(pre)
+
+
+def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretrain: bool) -> str:
+    """``finished`` or ``unfinished: epoch E of N`` from ``checkpoints/last.pt``'s records (its
+    tensors are not read) against ``train.epochs`` of ``config.yaml``, and whether ``metrics.json``
+    belongs to that state (a run resumed with more epochs keeps its earlier result until it ends)."""
+    from sciformer.engine.checkpoint import checkpoint_progress  # torch: only when runs are compared
+
+    last = run / "checkpoints" / "last.pt"
+    if not os.path.lexists(last):
+        return "finished" if pretrain else "no checkpoints/last.pt"
+    progress = checkpoint_progress(last)
+    done, step, best = progress["epoch"], progress["step_in_epoch"], progress["best_epoch"]
+    epochs, patience = config.get("train.epochs"), config.get("train.early_stop_patience")
+    val_every = config.get("train.val_every") or 1
+    early = isinstance(patience, int) and isinstance(val_every, int) and best is not None and done - best >= patience * val_every
+    if not isinstance(epochs, int) or step or not (done >= epochs or early):
+        where = f"epoch {done} of {epochs}" + (f" (+{step} steps)" if step else "")
+        return f"unfinished: {where}" + ("; metrics.json is from an earlier end" if metrics.keys() - {"pretrain_loss"} else "")
+    status = "finished" + (" (early stop)" if done < epochs else "")
+    if not metrics.keys() - {"pretrain_loss"}:
+        return status + "; no metrics.json"
+    if isinstance(metrics.get("best_epoch"), int) and best is not None and metrics["best_epoch"] != best:
+        return status + f"; metrics.json is of epoch {metrics['best_epoch']}, best.pt of epoch {best}"
+    return status
+
+
 def compare_runs(runs: list[str | Path]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows (one per run): run name, the config keys whose values differ, then metrics."""
+    """Header and rows (one per run): run name, status, the config keys whose values differ, then
+    metrics, each score named by the split it was computed on (``test_oa``, ``val_oa``)."""
     if len(runs) < 1:
         raise SciformerError("compare: give at least one run folder")
-    configs, metrics, names = [], [], []
+    configs, metrics, statuses = [], [], []
     for run in map(Path, runs):
-        cfg_path = run / "config.yaml"
-        if not cfg_path.is_file():
-            raise SciformerError(f"compare: '{run}' is not a run folder (no config.yaml)")
-        configs.append(_flatten(yamlio.load_file(cfg_path) or {}))
-        mpath = run / "metrics.json"
-        metrics.append(json.loads(mpath.read_text(encoding="utf-8")) if mpath.is_file() else {})
-        pre = run / "pretrain.json"
-        if pre.is_file():  # a `sciformer pretrain` folder: its settings compare as pretrain.*, its last loss as a metric
-            record = json.loads(pre.read_text(encoding="utf-8"))
-            configs[-1].update({f"pretrain.{k}": v for k, v in record.items() if k not in PRETRAIN_RECORD_ONLY})
-            history = record.get("history") or [{}]
-            metrics[-1]["pretrain_loss"] = history[-1].get("train_loss")
-        names.append(str(run))
+        config, met, pretrain = _run_files(run)
+        configs.append(config)
+        metrics.append(met)
+        statuses.append(run_status(run, config, met, pretrain))
     keys = sorted({k for c in configs for k in c})
     differ = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
-    shown = [m for m in METRIC_KEYS if any(m in d for d in metrics)]
-    every = [m for m in EVERY_POINT_KEYS if any(m in d.get("full_resolution", {}) for d in metrics)]
-    header = ["run", *differ, *(f"test_{m}" if m in ("oa", "aa", "macc", "kappa", "miou") else m for m in shown),
-              *(f"every_point_{m}" for m in every)]
+    splits = list(dict.fromkeys(m.get("split", "test") for m in metrics))
+    scores = [(s, k) for s in splits for k in SCORE_KEYS if any(m.get("split", "test") == s and k in m for m in metrics)]
+    records = [k for k in RECORD_KEYS if any(k in m for m in metrics)]
+    every = [(s, k) for s in splits for k in EVERY_POINT_KEYS
+             if any(m.get("split", "test") == s and k in m.get("full_resolution", {}) for m in metrics)]
+    header = ["run", "status", *differ, *(f"{s}_{k}" for s, k in scores), *records,
+              *(f"every_point_{k}" if s == "test" else f"{s}_every_point_{k}" for s, k in every)]
     rows = []
-    for name, cfg, met in zip(names, configs, metrics, strict=True):
-        full = met.get("full_resolution", {})
-        rows.append([name, *(_cell(cfg.get(k)) for k in differ), *(_cell(met.get(m)) for m in shown), *(_cell(full.get(m)) for m in every)])
+    for name, status, cfg, met in zip(map(str, runs), statuses, configs, metrics, strict=True):
+        split, full = met.get("split", "test"), met.get("full_resolution", {})
+        rows.append([name, status, *(_cell(cfg.get(k)) for k in differ), *(_cell(met.get(k) if s == split else None) for s, k in scores),
+                     *(_cell(met.get(k)) for k in records), *(_cell(full.get(k) if s == split else None) for s, k in every)])
     return header, rows
+
+
+def write_csv(out: Path, text: str, runs: list[Path], *, overwrite: bool = False) -> None:
+    """``compare --csv PATH``: never inside a compared run folder (at any depth, links resolved),
+    never over an existing file unless ``overwrite``; written atomically."""
+    if out.is_dir():
+        raise SciformerError(f"--csv '{out}' is a directory; name a .csv file")
+    target = out.resolve()
+    for run in runs:
+        root = Path(run).resolve()
+        if target == root or root in target.parents:
+            raise SciformerError(f"--csv '{out}' lies in a compared run folder ('{run}'); its files are never replaced: name a file outside it")
+    if os.path.lexists(out):
+        if out.suffix.lower() != ".csv":
+            raise SciformerError(f"--csv '{out}' exists and is not a .csv file; name a .csv file")
+        if not overwrite:
+            raise SciformerError(f"--csv '{out}' exists; pass --overwrite to replace it")
+    atomic_write_text(out, text)
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

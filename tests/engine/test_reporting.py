@@ -95,11 +95,11 @@ def test_compare_two_runs(two_runs: list[Path], capsys) -> None:
     assert main(["compare", *map(str, two_runs)]) == 0
     table = capsys.readouterr().out.splitlines()
     header = table[0].split()
-    assert header[:3] == ["run", "model.hidden", "optimizer.lr"] and "test_oa" in header and "best_epoch" in header
+    assert header[:4] == ["run", "status", "model.hidden", "optimizer.lr"] and "test_oa" in header and "best_epoch" in header
     assert "train.seed" not in header  # equal in both runs
     assert main(["compare", "--csv", "-", *map(str, two_runs)]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [r["model.hidden"] for r in rows] == ["8", "4"]
+    assert [r["model.hidden"] for r in rows] == ["8", "4"] and [r["status"] for r in rows] == ["finished", "finished"]
     assert [float(r["optimizer.lr"]) for r in rows] == [0.01, 0.05]
     import json
 
