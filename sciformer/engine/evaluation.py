@@ -20,7 +20,7 @@ from sciformer.engine.distributed import DistContext
 from sciformer.engine.folder_lock import drop_folder_lock, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
-from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer
+from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer, percent
 from sciformer.engine.report import EVALUATION_FILES, check_predictions_replaceable, write_evaluation_set
 from sciformer.engine.runfolder import OWN_FOLDERS
 from sciformer.engine.signals import outputs_complete, undone_on_abrupt_exit
@@ -52,8 +52,10 @@ def every_point_line(full: dict[str, Any], views: dict[str, Any] | None) -> str:
     """One line with the every-point scores of whole scenes (``full_resolution``) and their views."""
     seen = "single pass" if not views else (f"{views['tta_rotations']} turns{' + mirrors' if views['tta_flip'] else ''}, "
                                              f"overlap {views['overlap']:g}")
+    scores = (f"OA {percent(full['oa'], 0)}  mIoU {percent(full['miou'], 0)}" if full.get("oa") is not None
+              else "no scored points (every label is ignored)")
     return (f"every point ({full['points']:,} points, {full['scenes']} scene{'s' if full['scenes'] != 1 else ''}, {seen}): "
-            f"OA {100 * full['oa']:.2f}  mIoU {100 * full['miou']:.2f}  (metrics.json: full_resolution)")
+            f"{scores}  (metrics.json: full_resolution)")
 
 
 def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, device: torch.device, out_dir: Path, *,

@@ -253,21 +253,31 @@ def check_monitor(monitor: str, info: DataInfo) -> None:
                           "e.g. shapenetpart); use miou, oa, aa, kappa or loss")
 
 
+NO_SCORED_POINTS = ("no scored points: every label of this split is ignored (the ignore label, or data.unmapped: ignore), "
+                    "so there are no scores (null in metrics.json)")
+
+
+def percent(value: float | None, width: int = 6) -> str:
+    """``100 * value`` with two decimals, or ``-`` for a score that does not exist (None, NaN: nothing scored)."""
+    return f"{100 * value:{width}.2f}" if value is not None and np.isfinite(value) else f"{'-':>{width}}"
+
+
 def format_table(scores: Scores, class_names: list[str], title: str = "") -> str:
     """A plain-text table: summary line, then per-class accuracy / IoU / support."""
     width = max([len(n) for n in class_names] + [5])
     lines = []
     if title:
         lines.append(title)
-    lines.append(f"OA {100 * scores.oa:6.2f}   AA/mAcc {100 * scores.aa:6.2f}   kappa {100 * scores.kappa:6.2f}   mIoU {100 * scores.miou:6.2f}")
+    if int(np.asarray(scores.support).sum()) == 0:
+        lines.append(NO_SCORED_POINTS)
+    else:
+        lines.append(f"OA {percent(scores.oa)}   AA/mAcc {percent(scores.aa)}   kappa {percent(scores.kappa)}   mIoU {percent(scores.miou)}")
     if scores.per_category is not None:
-        lines.append(f"instance mIoU {100 * scores.instance_miou:6.2f}   category mIoU {100 * scores.category_miou:6.2f}   "
+        lines.append(f"instance mIoU {percent(scores.instance_miou)}   category mIoU {percent(scores.category_miou)}   "
                      f"({scores.shapes} shapes, parts of each shape's category)")
     lines.append(f"{'class':<{width}}  {'acc %':>7}  {'IoU %':>7}  {'support':>8}")
     for i, name in enumerate(class_names):
         acc = scores.per_class_acc[i]
         iou = scores.per_class_iou[i]
-        acc_s = f"{100 * acc:7.2f}" if np.isfinite(acc) else f"{'-':>7}"
-        iou_s = f"{100 * iou:7.2f}" if np.isfinite(iou) else f"{'-':>7}"
-        lines.append(f"{name:<{width}}  {acc_s}  {iou_s}  {int(scores.support[i]):>8}")
+        lines.append(f"{name:<{width}}  {percent(acc, 7)}  {percent(iou, 7)}  {int(scores.support[i]):>8}")
     return "\n".join(lines)
