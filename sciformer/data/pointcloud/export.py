@@ -18,7 +18,11 @@ Formats (by the output suffix; nothing else is written):
   class in ``classification`` as an ASPRS code (``asprs_codes[k]`` for class k), and extra
   dimensions ``original_classification`` (uint8), ``confidence`` (float32) and, with
   ``probabilities``, ``prob_<k>`` (float32). An input that already has
-  ``original_classification`` (a predicted tile predicted again) keeps it unchanged.
+  ``original_classification`` (a predicted tile predicted again) keeps it unchanged; the
+  ``confidence`` / ``prob_<k>`` an earlier prediction wrote (known by their descriptions) are
+  replaced, and its ``prob_<k>`` that this prediction does not write are dropped; a dimension of
+  the user's with a name the prediction writes (or any ``prob_<k>`` of the user's, with
+  ``probabilities``) is refused in one line, never overwritten or mixed in.
 
 Every file is written atomically (temporary file + rename).
 """
@@ -26,9 +30,11 @@ Every file is written atomically (temporary file + rename).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -166,13 +172,19 @@ def write_las_predictions(
     have = set(las.point_format.dimension_names)
     if "original_classification" in have:  # a predicted tile again: its first classification stays
         del extra["original_classification"]
-    for name in extra:
-        if name in have and np.asarray(las[name]).dtype != np.float32:
-            raise DataError(f"{source}: the input already has a dimension '{name}' of type {np.asarray(las[name]).dtype}; "
-                            f"predictions write '{name}' as float32; rename or drop it first (e.g. with PDAL or laspy)")
+    ours = {d.name for d in las.point_format.extra_dimensions if _is_prediction_dim(d.name) and _ours(d)}
+    # a dimension of the user's named as this prediction's (or a prob_<k> beside its prob_<k>): never replaced, never mixed in
+    clash = [n for n in sorted(have - ours) if n in extra or (probabilities and re.fullmatch(r"prob_\d+", n))]
+    if clash:
+        raise DataError(f"{source}: the input has its own dimension '{clash[0]}' (not one a sciformer prediction wrote); predictions "
+                        f"write 'confidence'{' and prob_<k>' if probabilities else ''} and never replace or sit beside such a dimension "
+                        "of yours: rename or drop it first (e.g. with PDAL or laspy), or write .ply / .npz")
+    stale = sorted(ours - set(extra))  # an earlier prediction's prob_<k> (another model, or no --probabilities now)
     add = [laspy.ExtraBytesParams(name=name, type=dt, description=_describe(name)) for name, (dt, _) in extra.items()
            if name not in have]
     with laspy_errors(output_path, "LAS/LAZ output", verb="write"):
+        if stale:
+            las.remove_extra_dims(stale)
         if add:
             las.add_extra_dims(add)
         las.classification = new.astype(np.uint8)
@@ -180,6 +192,16 @@ def write_las_predictions(
             las[name] = np.asarray(values).astype(dt)
         atomic_write_with(output_path, lambda tmp: las.write(str(tmp), do_compress=output_path.suffix.lower() == ".laz"))
     return output_path
+
+
+def _is_prediction_dim(name: str) -> bool:
+    return name == "confidence" or re.fullmatch(r"prob_\d+", name) is not None
+
+
+def _ours(dimension: Any) -> bool:
+    """An extra dimension a sciformer prediction wrote (its name and description are ours, float32)."""
+    description = str(getattr(dimension, "description", "") or "").rstrip("\x00").strip()
+    return description == _describe(dimension.name) and np.dtype(dimension.dtype) == np.float32
 
 
 def _describe(name: str) -> str:
@@ -190,7 +212,23 @@ def _describe(name: str) -> str:
     return f"probability of class {name[5:]}"[:32]
 
 
+SPARE_CODES = (LAS_UNCLASSIFIED, *range(19, 32), *range(64, 256))  # for classes without a code: 1, then reserved / user codes
+
+
 def asprs_codes_from_table(classes: dict[str, list[int]]) -> list[int]:
-    """ASPRS code of each class of a ``{class: [codes]}`` table: its first code, or
-    :data:`LAS_UNCLASSIFIED` (1) for a catch-all class with none."""
-    return [int(codes[0]) if codes else LAS_UNCLASSIFIED for codes in classes.values()]
+    """ASPRS code of each class of a ``{class: [codes]}`` table (``las_tiles`` and ``point_scenes``
+    alike): its first code; a catch-all class with none gets :data:`LAS_UNCLASSIFIED` (1), or,
+    where 1 is some class's code or taken, the first free code of :data:`SPARE_CODES`, so no two
+    classes ever share a code."""
+    taken = {int(c) for codes in classes.values() for c in codes}
+    out = []
+    for codes in classes.values():
+        if codes:
+            out.append(int(codes[0]))
+            continue
+        code = next((c for c in SPARE_CODES if c not in taken), None)
+        if code is None:
+            raise DataError(f"no free LAS classification code for a class without codes (the class table uses {len(taken)} codes)")
+        taken.add(code)
+        out.append(code)
+    return out

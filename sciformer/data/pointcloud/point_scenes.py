@@ -41,7 +41,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
 from sciformer.data.pointcloud.cache import file_identity
-from sciformer.data.pointcloud.export import POINT_OUTPUTS, write_point_predictions
+from sciformer.data.pointcloud.export import POINT_OUTPUTS, asprs_codes_from_table, write_point_predictions
 from sciformer.data.pointcloud.fields import check_labels, numeric
 from sciformer.data.pointcloud.geometric import cached_geometric_features, features_as_recorded, geometric_state
 from sciformer.data.pointcloud.io import POINT_SUFFIXES, parse_columns, read_point_file
@@ -146,11 +146,6 @@ def map_labels(raw: np.ndarray, table: dict[str, list[int]], unmapped: str) -> n
     lookup = {v: k for k, name in enumerate(names) for v in table[name]}
     mapped = np.array([lookup.get(int(v), default) for v in values], dtype=np.int64)
     return mapped[inverse]
-
-
-def label_codes(table: dict[str, list[int]]) -> list[int]:
-    """The label value written for each class (its first; the class index when it has none)."""
-    return [values[0] if values else k for k, values in enumerate(table.values())]
 
 
 def expand_files(key: str, patterns: list[str], root: Path) -> list[Path]:
@@ -299,7 +294,8 @@ def predict_point_scenes_file(
 
     Output by suffix (:mod:`sciformer.data.pointcloud.export`): ``.npy``, ``.npz``, ``.ply``
     (class names in the header) or ``.las``/``.laz`` for a LAS input (classes written as
-    their first label value); one row per input point, NaN/Inf points as no data.
+    their first label value; a class without values as 1, unclassified: :func:`asprs_codes_from_table`, as for las_tiles);
+    one row per input point, NaN/Inf points as no data.
     ``--columns`` overrides the trained ``data.columns`` for headerless files.
     """
     options, input_path, output_path = start_prediction(
@@ -326,7 +322,7 @@ def predict_point_scenes_file(
     )
     out: Sample = {"coord": sample["coord"], "colour": data.get("colour"), "label": sample.get("label")}
     return write_point_predictions(output_path, {k: v for k, v in out.items() if v is not None}, prediction,
-                                   source=input_path, asprs_codes=label_codes(table), probabilities=options.probabilities)
+                                   source=input_path, asprs_codes=asprs_codes_from_table(table), probabilities=options.probabilities)
 
 
 predict_point_scenes_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads

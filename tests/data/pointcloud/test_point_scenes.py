@@ -204,3 +204,25 @@ def test_geometric_feature_rows_cache_and_predict(tmp_path: Path, ctx: BuildCont
     with pytest.raises(DataError, match="geometric features of version 0"):
         predict_point_scenes_file(cfg, {**saved, "geometric": {**saved["geometric"], "version": 0}}, oracle,
                                   tmp_path / "c.npy", tmp_path / "d.npy", 4)
+
+
+def test_las_output_codes_follow_the_las_tiles_rule(data_root: Path, tmp_path: Path) -> None:
+    """A class without label values ('other: []', the unmapped catch-all) is written to LAS as 1
+    (unclassified), as las_tiles writes it, never as its class index (2 = ground's code)."""
+    laspy = pytest.importorskip("laspy")
+    source = data_root / "lidar" / "las_warsaw_small.las"
+    table = {"ground": [2], "vegetation": [3, 4, 5], "other": []}
+    cfg = PointScenesConfig(root=str(tmp_path), train_files=[str(source)], val_files=[str(source)], classes=table, unmapped="other")
+    state = {"class_names": list(table), "classes": table, "features": [], "grid_size": None, "eval_max_points": 60000,
+             "columns": None, "unmapped": "other"}
+
+    def oracle(batch):  # the class of each point's own label: the LAS codes must come back through the table
+        import torch
+
+        return torch.nn.functional.one_hot(batch["target"].clamp(min=0), 3).float() * 4
+
+    out = predict_point_scenes_file(cfg, state, oracle, source, tmp_path / "out.las", 16, options=PredictOptions())
+    original = np.asarray(laspy.read(source).classification)
+    expected = np.where(original == 2, 2, np.where(np.isin(original, [3, 4, 5]), 3, 1))
+    assert set(np.unique(original)) - {2, 3, 4, 5}  # the tile has points of the catch-all class
+    np.testing.assert_array_equal(np.asarray(laspy.read(out).classification), expected)
