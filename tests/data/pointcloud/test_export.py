@@ -63,6 +63,8 @@ def test_suffix_and_row_checks(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="50 predictions for 49 input points"):
         write_point_predictions(tmp_path / "a.npy", {"coord": np.zeros((49, 3))}, prediction())
     assert asprs_codes_from_table({"ground": [2], "veg": [3, 4, 5], "other": []}) == [2, 3, 1]
+    # 1 taken by a class: the next catch-all gets the first free spare code; no two classes share one
+    assert asprs_codes_from_table({"a": [], "unclassified": [1, 19], "b": [], "c": [2]}) == [20, 1, 21, 2]
 
 
 def test_las_copy_against_laspy(data_root: Path, tmp_path: Path) -> None:
@@ -90,15 +92,49 @@ def test_las_copy_against_laspy(data_root: Path, tmp_path: Path) -> None:
             write_point_predictions(tmp_path / "x.las", {"coord": np.zeros((n, 3))}, p, source=source, asprs_codes=[2, 40, 6])
 
 
-def test_las_input_with_own_confidence_dimension(tmp_path: Path) -> None:
-    """An input whose 'confidence' is not float32 is refused rather than truncated (0.7 -> 0)."""
+def small_las(path: Path, **dims: np.dtype) -> Path:
+    """A 50-point LAS 1.2 tile with the user's own extra dimensions ``dims`` (no description), filled with 7."""
     laspy = pytest.importorskip("laspy")
     header = laspy.LasHeader(point_format=1, version="1.2")
-    header.add_extra_dim(laspy.ExtraBytesParams(name="confidence", type=np.uint8))
+    for name, dtype in dims.items():
+        header.add_extra_dim(laspy.ExtraBytesParams(name=name, type=dtype))
     las = laspy.LasData(header)
     las.x, las.y, las.z = np.arange(50.0), np.arange(50.0), np.zeros(50)
-    las.confidence = np.full(50, 7, np.uint8)
-    las.write(tmp_path / "in.las")
-    with pytest.raises(DataError, match=r"in.las: the input already has a dimension 'confidence' of type uint8"):
-        write_point_predictions(tmp_path / "out.las", {"coord": np.zeros((50, 3))}, prediction(), source=tmp_path / "in.las")
+    for name, dtype in dims.items():
+        las[name] = np.full(50, 7, dtype)
+    las.write(path)
+    return path
+
+
+@pytest.mark.parametrize(("dims", "probabilities", "name"), [({"confidence": np.uint8}, False, "confidence"),
+                                                             ({"confidence": np.float32}, False, "confidence"),
+                                                             ({"prob_1": np.float32}, True, "prob_1"),
+                                                             ({"prob_7": np.float32}, True, "prob_7")])
+def test_las_input_with_own_prediction_named_dimension_is_refused(tmp_path: Path, dims: dict, probabilities: bool, name: str) -> None:
+    """The user's own 'confidence' (any type) or, with probabilities, a prob_<k> of theirs is never
+    replaced or left beside the new prob_<k> as if it were the model's: one line, nothing written."""
+    source = small_las(tmp_path / "in.las", **dims)
+    with pytest.raises(DataError, match=rf"in.las: the input has its own dimension '{name}'"):
+        write_point_predictions(tmp_path / "out.las", {"coord": np.zeros((50, 3))}, prediction(), source=source, probabilities=probabilities)
     assert not (tmp_path / "out.las").exists()
+
+
+def test_las_prediction_of_a_prediction_replaces_its_dimensions(tmp_path: Path) -> None:
+    """An earlier prediction's confidence / prob_<k> (known by their descriptions) are replaced, its
+    prob_<k> that the new one does not write are dropped; the user's other dimensions stay."""
+    laspy = pytest.importorskip("laspy")
+    source = small_las(tmp_path / "in.las", prob_7=np.float32)
+    first = write_point_predictions(tmp_path / "a.las", {"coord": np.zeros((50, 3))}, prediction(), source=source)
+    p4 = PointPrediction(np.full((50, 4), 0.25, np.float32), np.ones(50, bool), ["a", "b", "c", "d"])
+    second = laspy.read(write_point_predictions(tmp_path / "b.las", {"coord": np.zeros((50, 3))}, p4, source=first))
+    assert list(second.point_format.extra_dimension_names) == ["prob_7", "original_classification", "confidence"]
+    np.testing.assert_array_equal(second.prob_7, np.full(50, 7, np.float32))  # the user's, kept without --probabilities
+    np.testing.assert_allclose(second.confidence, 0.25)
+    small_las(tmp_path / "plain.las")
+    with_probs = write_point_predictions(tmp_path / "c.las", {"coord": np.zeros((50, 3))}, p4, source=tmp_path / "plain.las", probabilities=True)
+    again = laspy.read(write_point_predictions(tmp_path / "d.las", {"coord": np.zeros((50, 3))}, prediction(), source=with_probs,
+                                               probabilities=True))
+    assert list(again.point_format.extra_dimension_names) == ["original_classification", "confidence", "prob_0", "prob_1", "prob_2"]
+    np.testing.assert_allclose(np.column_stack([again.prob_0, again.prob_1, again.prob_2]), prediction().probs)
+    without = laspy.read(write_point_predictions(tmp_path / "e.las", {"coord": np.zeros((50, 3))}, prediction(), source=with_probs))
+    assert list(without.point_format.extra_dimension_names) == ["original_classification", "confidence"]  # no stale prob_3
