@@ -197,6 +197,7 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
         prediction_suffixes,
         predictor_state,
     )
+    from sciformer.engine.staged_outputs import staged_outputs
     from sciformer.registry import DATASETS
 
     state = load_checkpoint(args.checkpoint[0], in_run="best.pt")
@@ -212,11 +213,10 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     exp, state, model, device = load_models(args.checkpoint, list(args.overrides), args.device)
     predict = predict_fn(model, device, exp.cfg.train.amp)
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size
-    for input_path, output_path in pairs:
-        output_path.parent.mkdir(parents=True, exist_ok=True)
-        written = entry.predictor(exp.data_params, predictor_state(state, exp), predict, input_path, output_path,
-                                  batch_size, options=options)
-        for path in [written or output_path, *(written_beside(output_path, options) if written_beside else [])]:
+    with staged_outputs() as stage:  # published together when every input is predicted; nothing on a failure
+        for input_path, output_path in pairs:
+            entry.predictor(exp.data_params, predictor_state(state, exp), predict, input_path, stage.path(output_path), batch_size, options=options)
+        for path in stage.publish(overwrite=args.overwrite):
             print(f"wrote {path}")
     return 0
 

@@ -81,3 +81,33 @@ def test_new_tile_lacking_a_trained_feature(run: Path, data_root: Path, tmp_path
     assert main(["predict", "--checkpoint", str(run), "-i", str(cloud), "-o", str(tmp_path / "p.ply")]) == 2
     err = capsys.readouterr().err
     assert "trained with feature 'intensity'" in err and err.count("\n") == 1
+
+
+def test_several_inputs_are_one_set_nothing_written_when_one_fails(run: Path, data_root: Path, tmp_path: Path, capsys) -> None:
+    """a.las, a truncated b.las, c.las into a folder: one line, exit 2, and no prediction file
+    written or replaced (with --overwrite too), no stage left; without b, both are written and
+    equal to predicting each alone."""
+    source = data_root / "lidar" / "las_warsaw_small.las"
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("a.las", "c.las"):
+        (inputs / name).write_bytes(source.read_bytes())
+    (inputs / "b.las").write_bytes(source.read_bytes()[:50000])
+    out = tmp_path / "out"
+    assert main(["predict", "--checkpoint", str(run), "-i", str(inputs / "a.las"), "-i", str(inputs / "b.las"), "-i", str(inputs / "c.las"),
+                 "-o", f"{out}/", "--format", "npz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "b.las" in err[0] and not out.exists()
+    out.mkdir()
+    for name in ("a.npz", "c.npz"):
+        (out / name).write_bytes(b"an earlier prediction")
+    assert main(["predict", "--checkpoint", str(run), "-i", str(inputs), "-o", str(out), "--format", "npz", "--overwrite"]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["a.npz", "c.npz"]  # no stage left, nothing replaced
+    assert all((out / n).read_bytes() == b"an earlier prediction" for n in ("a.npz", "c.npz"))
+    (inputs / "b.las").unlink()
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(run), "-i", str(inputs), "-o", str(out), "--format", "npz", "--overwrite"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {out / 'a.npz'}", f"wrote {out / 'c.npz'}"]
+    assert main(["predict", "--checkpoint", str(run), "-i", str(inputs / "c.las"), "-o", str(tmp_path / "alone.npz")]) == 0
+    np.testing.assert_array_equal(np.load(out / "c.npz")["pred"], np.load(tmp_path / "alone.npz")["pred"])
+    assert sorted(p.name for p in out.iterdir()) == ["a.npz", "c.npz"]

@@ -1,0 +1,77 @@
+"""``sciformer predict``'s outputs as one set: every file is written into a hidden stage folder
+beside its final place, and the files are renamed into place only when every input was predicted.
+
+So a damaged input, a refusal or Ctrl-C part way through a folder of inputs writes and replaces
+nothing (the stage is removed), while memory stays bounded: each prediction goes to disk as soon
+as it is made (the stages need the outputs' disk space until they are renamed). A process killed
+with SIGKILL may leave a stage folder ``.predict.sciformer-stage-<8 characters>``: safe to delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from sciformer.engine.folder_lock import missing_folders, remove_empty_folders
+from sciformer.errors import SciformerError
+from sciformer.utils.atomic import STAGE_MARK
+
+STAGE_PREFIX = f".predict{STAGE_MARK}"
+
+
+class StagedOutputs:
+    """Hidden stage folders, one per output folder; :meth:`path` names where to write a final file."""
+
+    def __init__(self) -> None:
+        self.stages: dict[Path, Path] = {}  # final folder -> its stage
+        self.created: list[tuple[Path, ...]] = []  # output folders this command made (removed on failure)
+
+    def path(self, final: Path) -> Path:
+        """Where the file that becomes ``final`` is written (files written beside it land beside it there)."""
+        folder = Path(os.path.abspath(final.parent))
+        if folder not in self.stages:
+            missing = missing_folders(folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            self.created.append(missing)
+            self.stages[folder] = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=folder))
+        return self.stages[folder] / final.name
+
+    def publish(self, *, overwrite: bool) -> list[Path]:
+        """Rename every staged file into place (an existing file only with ``overwrite``: one that
+        appeared meanwhile is refused, and nothing is renamed); returns the final paths."""
+        moves = [(f, folder / f.name) for folder, stage in self.stages.items() for f in sorted(stage.iterdir())]
+        if not overwrite:
+            for _, target in moves:
+                if os.path.lexists(target):
+                    raise SciformerError(f"--output '{target}' appeared while predicting; pass --overwrite to replace it")
+        for _, target in moves:
+            if target.is_dir() and not target.is_symlink():
+                raise SciformerError(f"--output '{target}' became a folder while predicting")
+        for staged, target in moves:
+            os.replace(staged, target)
+        self.discard(created_too=False)
+        return [target for _, target in moves]
+
+    def discard(self, *, created_too: bool = True) -> None:
+        """Remove the stages (and, after a failure, the output folders this command created, if empty)."""
+        for stage in self.stages.values():
+            shutil.rmtree(stage, ignore_errors=True)
+        if created_too:
+            for missing in self.created:
+                remove_empty_folders(missing)
+        self.stages.clear()
+
+
+@contextlib.contextmanager
+def staged_outputs() -> Iterator[StagedOutputs]:
+    """A :class:`StagedOutputs` whose stages are removed when the block fails (publish it inside the block)."""
+    outputs = StagedOutputs()
+    try:
+        yield outputs
+    except BaseException:
+        outputs.discard()
+        raise
