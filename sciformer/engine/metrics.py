@@ -6,7 +6,8 @@ processes by summation:
 
 - ``oa``: overall accuracy, trace / total.
 - ``aa`` (= ``macc``): mean per-class recall over classes present in the targets.
-- ``kappa``: Cohen's kappa, (p_o - p_e) / (1 - p_e).
+- ``kappa``: Cohen's kappa, (p_o - p_e) / (1 - p_e); 1.0 where p_e = 1 (every target and every
+  prediction in one class, so p_o = 1 too), where scikit-learn's ``cohen_kappa_score`` gives NaN (0 / 0).
 - ``miou``: :data:`MIOU_RULE`. IoU_c = cm[c, c] / (row_c + col_c - cm[c, c]); the mean
   runs over the classes that occur in the targets or the predictions, so a class
   absent from both is left out, while a class predicted but absent from the targets
@@ -72,10 +73,14 @@ class ConfusionMatrix:
         """
         pred = pred.reshape(-1).to("cpu", torch.int64)  # (n,)
         target = target.reshape(-1).to("cpu", torch.int64)  # (n,)
+        if pred.shape != target.shape:
+            raise ValueError(f"{pred.numel()} predictions for {target.numel()} targets")
         keep = target != self.ignore_index
         pred, target = pred[keep], target[keep]
         if target.numel() and (target.min() < 0 or target.max() >= self.num_classes):
             raise ValueError(f"targets must lie in [0, {self.num_classes}), got range [{int(target.min())}, {int(target.max())}]")
+        if pred.numel() and (pred.min() < 0 or pred.max() >= self.num_classes):  # would count in another cell, or past the matrix
+            raise ValueError(f"predictions must lie in [0, {self.num_classes}), got range [{int(pred.min())}, {int(pred.max())}]")
         flat = target * self.num_classes + pred  # (n,)
         self.matrix += torch.bincount(flat, minlength=self.num_classes**2).reshape(self.num_classes, self.num_classes)
 

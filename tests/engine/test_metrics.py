@@ -64,6 +64,18 @@ def test_out_of_range_target_rejected() -> None:
         ConfusionMatrix(3).update(torch.tensor([0]), torch.tensor([3]))
 
 
+
+@pytest.mark.parametrize("pred", [[0, 3], [-1, 0], [0, 7]])
+def test_out_of_range_prediction_rejected(pred: list[int]) -> None:
+    """A prediction id outside [0, C) once counted in another class's cell (2 * 3 + 3 = cell (3, 0)) or past the matrix."""
+    cm = ConfusionMatrix(3)
+    with pytest.raises(ValueError, match=r"predictions must lie in \[0, 3\)"):
+        cm.update(torch.tensor(pred), torch.tensor([2, 1]))
+    with pytest.raises(ValueError, match="3 predictions for 2 targets"):
+        cm.update(torch.tensor([0, 1, 2]), torch.tensor([2, 1]))
+    assert int(cm.matrix.sum()) == 0
+
+
 def test_miou_rule_hand_computed() -> None:
     """The one mIoU rule: classes absent from targets and predictions are left out; a class
     predicted but never true counts with IoU 0 (torchmetrics macro Jaccard)."""
