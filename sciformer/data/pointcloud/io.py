@@ -286,7 +286,9 @@ def _read_bin(path: Path, columns: Sequence[str] | None, dtype: str) -> PointDat
     width = len(columns) * np.dtype(dtype).itemsize
     size = path.stat().st_size
     check_bytes(size, str(path), "scan")
-    if size == 0 or size % width:
+    if size == 0:
+        raise fail(path, f"the scan is empty (0 bytes); expected {len(columns)}-column {dtype} records ({width} bytes each)")
+    if size % width:
         raise fail(path, f"{size} bytes is not a whole number of {len(columns)}-column {dtype} records ({width} bytes each)")
     table = np.fromfile(path, dtype=np.dtype(dtype).newbyteorder("<")).reshape(-1, len(columns))  # (n, c)
     return from_named_columns(path, {_COLUMN_ALIASES.get(n, n): table[:, i] for i, n in enumerate(columns) if n != "_"})

@@ -26,6 +26,7 @@ from sciformer.errors import DataError
 from sciformer.utils.progress import progress
 
 # What a feature needs in the file, and what to say when it is missing.
+HEADERLESS_SUFFIXES = (".npy", ".xyz", ".txt", ".pts", ".csv")  # --columns names their columns
 _FEATURE_FIELDS = {"colour": "red/green/blue colour", "intensity": "intensity values", "normal": "normals (nx, ny, nz)"}
 
 
@@ -41,9 +42,12 @@ def require_features(path: Path, data: dict[str, Any], features: Sequence[str], 
             if training:
                 raise DataError(f"{path}: data.features uses '{name}' but the file has no {_FEATURE_FIELDS[name]}; "
                                 f"drop '{name}' from data.features or give every file one")
+            guessed = path.suffix.lower() in HEADERLESS_SUFFIXES  # columns guessed from the width: name them
+            hint = (f"; a headerless table's columns are guessed from its width (4: x, y, z and a label when the 4th holds "
+                    f"integers, else intensity): name them, e.g. --columns x,y,z,{name}" if guessed else "")
             raise DataError(f"{path}: the model was trained with feature '{name}' but the file has no "
                             f"{_FEATURE_FIELDS[name]}; use a file with it, or a model trained without it "
-                            f"(data.features without '{name}')")
+                            f"(data.features without '{name}'){hint}")
 
 
 def valid_points(sample: Sample, features: Sequence[str] = ()) -> np.ndarray:

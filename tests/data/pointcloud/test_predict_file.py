@@ -37,3 +37,35 @@ def test_a_cloud_without_a_usable_point_gets_a_row_per_point_and_a_note(capsys) 
                         grid_size=0.1, max_points=100, part_z="min", transform=None, batch_size=2)
     assert out.probs.shape == (3, 2) and not out.probs.any() and not out.valid.any()
     assert "none of the 3 points has finite coordinates" in capsys.readouterr().err
+
+
+def test_a_missing_feature_of_a_headerless_table_suggests_naming_its_columns(tmp_path) -> None:
+    """A 4-column integer .npy is read as x, y, z, label: the message says the columns were guessed
+    and how to name them; a file with a header (PLY) gets no such hint."""
+    import pytest
+
+    from sciformer.data.pointcloud.io import read_point_file, write_ply
+    from sciformer.data.pointcloud.predict_file import read_cloud, require_features
+    from sciformer.errors import DataError
+
+    np.save(tmp_path / "int4.npy", np.arange(40, dtype=np.int32).reshape(10, 4))
+    data = read_cloud(tmp_path / "int4.npy")
+    assert "intensity" not in data and "label" in data
+    with pytest.raises(DataError, match=r"int4.npy: the model was trained with feature 'intensity'.*guessed from its width.*--columns x,y,z,intensity"):
+        require_features(tmp_path / "int4.npy", data, ["intensity"])
+    assert "intensity" in read_cloud(tmp_path / "int4.npy", "x,y,z,intensity")  # the hint works
+    write_ply(tmp_path / "a.ply", np.zeros((4, 3)))
+    with pytest.raises(DataError) as info:
+        require_features(tmp_path / "a.ply", read_point_file(tmp_path / "a.ply"), ["intensity"])
+    assert "--columns" not in str(info.value)
+
+
+def test_an_empty_bin_scan_says_it_is_empty(tmp_path) -> None:
+    import pytest
+
+    from sciformer.data.pointcloud.io import read_point_file
+    from sciformer.errors import DataError
+
+    (tmp_path / "scan.bin").write_bytes(b"")
+    with pytest.raises(DataError, match=r"scan.bin: the scan is empty \(0 bytes\); expected 4-column float32 records"):
+        read_point_file(tmp_path / "scan.bin", "x,y,z,intensity")
