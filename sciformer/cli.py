@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="draw a run's curves.png and confusion_matrix.png from its CSV files")
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folder(s)")
-    compare = sub.add_parser("compare", help="one table of runs' config differences and test metrics")
+    compare = sub.add_parser("compare", help="one table of runs' status, config differences and metrics")
     compare.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders")
     compare.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write CSV (to PATH, or stdout) instead of the table")
     compare.add_argument("--overwrite", action="store_true", help="replace an existing --csv file (never one inside a compared run)")
