@@ -28,6 +28,8 @@ class StagedOutputs:
 
     def __init__(self) -> None:
         self.stages: dict[Path, Path] = {}  # final folder -> its stage
+        self.shown: dict[Path, Path] = {}  # final folder -> that folder as the command line spelled it
+        self.order: list[Path] = []  # staged outputs in input order (files written beside them follow)
         self.created: list[tuple[Path, ...]] = []  # output folders this command made (removed on failure)
 
     def path(self, final: Path) -> Path:
@@ -38,12 +40,17 @@ class StagedOutputs:
             folder.mkdir(parents=True, exist_ok=True)
             self.created.append(missing)
             self.stages[folder] = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=folder))
-        return self.stages[folder] / final.name
+            self.shown[folder] = final.parent
+        self.order.append(self.stages[folder] / final.name)
+        return self.order[-1]
 
     def publish(self, *, overwrite: bool) -> list[Path]:
         """Rename every staged file into place (an existing file only with ``overwrite``: one that
-        appeared meanwhile is refused, and nothing is renamed); returns the final paths."""
-        moves = [(f, folder / f.name) for folder, stage in self.stages.items() for f in sorted(stage.iterdir())]
+        appeared meanwhile is refused, and nothing is renamed); returns the final paths as the
+        command line spelled their folders."""
+        where = {stage: folder for folder, stage in self.stages.items()}
+        files = [f for f in self.order if f.exists()] + sorted(f for stage in where for f in stage.iterdir() if f not in self.order)
+        moves = [(f, where[f.parent] / f.name) for f in files]
         if not overwrite:
             for _, target in moves:
                 if os.path.lexists(target):
@@ -54,7 +61,7 @@ class StagedOutputs:
         for staged, target in moves:
             os.replace(staged, target)
         self.discard(created_too=False)
-        return [target for _, target in moves]
+        return [self.shown[target.parent] / target.name for _, target in moves]
 
     def discard(self, *, created_too: bool = True) -> None:
         """Remove the stages (and, after a failure, the output folders this command created, if empty)."""
