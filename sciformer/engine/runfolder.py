@@ -340,8 +340,8 @@ def check_resume_layout(state: dict[str, Any], where: str, steps_per_epoch: int,
     same on any number of processes except a last one with fewer than 2 samples per process,
     which is dropped, so the steps per epoch (and the schedule built on them) would change."""
     old_steps, old_world = state.get("steps_per_epoch"), state.get("world_size")
-    if not isinstance(old_steps, int) or not isinstance(old_world, int) or old_steps == steps_per_epoch:
-        return  # written before these were recorded, or the same batches
+    if not isinstance(old_steps, int) or not isinstance(old_world, int) or old_steps == steps_per_epoch or old_world == world_size:
+        return  # written before these were recorded, the same batches, or the same processes (other data: checked elsewhere)
     raise CheckpointError(f"checkpoint '{where}': the run took {old_steps} steps per epoch on {old_world} process(es), and on "
                           f"{world_size} it would take {steps_per_epoch} (its last batch has too few samples for "
                           f"{max(old_world, world_size)} processes); continue with: {resume_command(Path(where).parents[1], old_world)}")
