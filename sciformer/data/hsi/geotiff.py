@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,55 @@ def _georef_profile(path: Path, georef: dict[str, Any] | None, rasterio: Any) ->
     return out
 
 
+@contextlib.contextmanager
+def _gdal_messages() -> Iterator[list[str]]:
+    """Hold what GDAL / libtiff print on the process's stderr (``_tiffWriteProc: File too
+    large.``) while a GeoTIFF is written; the list gets those lines at the end. They are
+    given back to stderr by the caller when the write turns out to be good."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines.extend(held.read().decode("utf-8", "replace").splitlines())
+
+
+def _write_checked(rasterio: Any, writer: Callable[[Path], None], tmp: Path, path: Path, expected: np.ndarray) -> None:
+    """``writer(tmp)``, then :func:`_check_written`; GDAL's messages become part of the one-line
+    error of a failed write (and go to stderr as they were when the file is good)."""
+    with _gdal_messages() as messages:
+        writer(tmp)
+    _check_written(rasterio, tmp, path, expected, messages)
+    if messages:
+        print("\n".join(messages), file=sys.stderr)
+
+
+def _check_written(rasterio: Any, tmp: Path, path: Path, expected: np.ndarray, messages: list[str]) -> None:
+    """Read the GeoTIFF just written to ``tmp`` back in full and compare it with ``expected``
+    (bands, H, W): GDAL only logs a failed write (a file-size limit, a full disk) and leaves a
+    truncated file, which must not replace ``path``."""
+    try:
+        with _quiet_without_georef(rasterio), rasterio.open(tmp) as src:
+            back = src.read()
+    except Exception as exc:  # noqa: BLE001 - any failure to read it back is a failed write
+        back = exc
+    if isinstance(back, np.ndarray) and back.shape == expected.shape and np.array_equal(back, expected, equal_nan=True):
+        return
+    said = [" ".join(str(back).split())] if isinstance(back, Exception) else []
+    said += [m.strip() for m in messages if m.strip()][:1]
+    why = f" ({'; '.join(said)})" if said else ""
+    raise DataError(f"{path}: the GeoTIFF was not written completely{why}: is the disk full or a file-size limit reached? "
+                    "(no file was written or replaced)")
+
+
 def write_geotiff_map(
     path: str | os.PathLike[str],
     label_map: np.ndarray,
@@ -268,7 +318,7 @@ def write_geotiff_map(
                             **{f"CLASS_{i}": n for i, n in enumerate(names)})
             dst.set_band_description(1, "class (0 = unclassified)")
 
-    atomic_write_with(path, write)
+    atomic_write_with(path, lambda tmp: _write_checked(rasterio, write, tmp, path, m.astype(dtype)[None]))
     return path
 
 
@@ -310,5 +360,5 @@ def write_geotiff_probabilities(
             for k, name in enumerate(class_names, start=1):
                 dst.set_band_description(k, name)
 
-    atomic_write_with(path, write)
+    atomic_write_with(path, lambda tmp: _write_checked(rasterio, write, tmp, path, np.moveaxis(p, 2, 0)))
     return path
