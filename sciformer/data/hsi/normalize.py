@@ -29,12 +29,16 @@ _ROWS_PER_CHUNK_PIXELS = 1 << 16  # pixels transformed per chunk (bounded tempor
 class Normalizer:
     """Band scaling (+ PCA) fitted on training pixels: ``y = ((x - shift) / scale - mean) @ V``.
 
+    Shift and scale are applied in float64 (by chunks of rows), the result cast to float32.
+    A band is constant (scale 1) when its spread is 0 or at most ``eps`` times its largest
+    absolute value; every other band is scaled, whatever its magnitude.
+
     Shapes:
         fit: cube (H, W, B) and mask (H, W) bool, or pixels (n, B)
         transform: (..., B) -> (..., C) float32, C = pca_components or B
     """
 
-    def __init__(self, method: Method = "standard", pca_components: int | None = None, eps: float = 1e-8) -> None:
+    def __init__(self, method: Method = "standard", pca_components: int | None = None, eps: float = 1e-10) -> None:
         if method not in METHODS:
             raise DataError(f"normalise: expected one of {', '.join(METHODS)}, got '{method}'")
         if pca_components is not None and int(pca_components) < 1:
@@ -76,7 +80,10 @@ class Normalizer:
         else:
             shift = np.zeros(b)
             scale = np.ones(b)
-        scale = np.where(scale > self.eps, scale, 1.0)  # constant bands: no division by ~0
+        # a constant band (spread 0, or only float64 rounding relative to its magnitude) is not
+        # divided by ~0; any other band is scaled, whatever its units (1e-12 or 1e12)
+        magnitude = np.maximum(np.abs(x).max(axis=0), np.finfo(np.float64).tiny)  # (B,)
+        scale = np.where((scale > 0) & (scale > self.eps * magnitude), scale, 1.0)
         self.in_bands = int(b)
         self.shift, self.scale = shift, scale
         if self.pca_components is not None:
@@ -116,11 +123,12 @@ class Normalizer:
         lead = data.shape[:-1]
         flat = data.reshape(-1, data.shape[-1])  # (N, B)
         out = np.empty((flat.shape[0], self.out_channels), dtype=np.float32)  # (N, C)
-        shift = self.shift.astype(np.float32)
-        inv = (1.0 / self.scale).astype(np.float32)
+        shift = np.asarray(self.shift, dtype=np.float64)
+        inv = 1.0 / np.asarray(self.scale, dtype=np.float64)
         for start in range(0, flat.shape[0], _ROWS_PER_CHUNK_PIXELS):
             with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values are reported below
-                chunk = (flat[start : start + _ROWS_PER_CHUNK_PIXELS].astype(np.float32) - shift) * inv  # (n, B)
+                # shift and scale in float64 (data at 1e8 with a spread of 10 keeps its detail), then float32
+                chunk = ((flat[start : start + _ROWS_PER_CHUNK_PIXELS].astype(np.float64) - shift) * inv).astype(np.float32)
                 if self.pca_basis is not None:
                     chunk = (chunk - self.pca_mean.astype(np.float32)) @ self.pca_basis.astype(np.float32)  # (n, C)
             bad = ~np.isfinite(chunk).all(axis=1)  # (n,)

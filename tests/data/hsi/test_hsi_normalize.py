@@ -123,3 +123,34 @@ def test_errors(cube_and_mask):
         Normalizer().transform(cube)
     with pytest.raises(DataError, match="missing key 'shift'"):
         Normalizer.from_state({"method": "standard", "in_bands": 8})
+
+
+def _reference(x: np.ndarray) -> np.ndarray:
+    """Standard scaling in float64, the oracle."""
+    x = x.astype(np.float64)
+    return (x - x.mean(0)) / x.std(0)
+
+
+@pytest.mark.parametrize("unit", [1e-12, 1e12])
+def test_any_magnitude_is_scaled(unit: float) -> None:
+    """Radiance in W/(cm^2 sr nm) is ~1e-9: a band's spread is tiny in absolute terms, not constant."""
+    x = (np.random.default_rng(0).normal(3.0, 1.0, (500, 4)) * unit)
+    out = Normalizer("standard").fit(x).transform(x)
+    np.testing.assert_allclose(out, _reference(x), atol=1e-5)
+    np.testing.assert_allclose(out.std(0), 1.0, rtol=1e-5)
+
+
+def test_a_large_offset_keeps_its_detail() -> None:
+    """Data at 1e8 with a spread of 10: subtracting in float32 leaves ~8 distinct values."""
+    x = 1e8 + np.random.default_rng(1).normal(0.0, 10.0, (1000, 3))
+    out = Normalizer("standard").fit(x).transform(x)
+    np.testing.assert_allclose(out, _reference(x), atol=1e-5)
+    assert np.unique(out[:, 0]).size == 1000
+
+
+def test_a_band_constant_up_to_rounding_is_not_scaled() -> None:
+    x = np.random.default_rng(2).normal(0.0, 1.0, (300, 3))
+    x[:, 1] = 0.1 * 3  # one value, whose float64 mean may differ from it in the last bit
+    x[:, 2] = 1e-30
+    out = Normalizer("standard").fit(x).transform(x)
+    assert np.abs(out[:, 1:]).max() < 1e-6  # not rounding noise blown up to +-1
