@@ -10,8 +10,10 @@ automatically, and only those are loaded::
     scene.cube   # (H, W, B) native dtype     scene.gt  # (H, W) int64, 0 = unlabelled
 
 Automatic keys: the cube is the largest 3-D array; the labels are the 2-D integer
-array (or integer-valued float array) with the cube's height and width. Several
-equally good candidates raise a :class:`~sciformer.errors.DataError` listing the keys.
+array (or integer-valued float array) with the cube's height and width, label-like
+names first, never one named like a mask; band centres an array of a known wavelength
+name. Several equally good candidates raise a :class:`~sciformer.errors.DataError`
+listing the keys.
 
 MATLAB v7.3 files are HDF5 files in which every array is stored with its axes
 reversed (column-major order); they are transposed back here, so a cube saved in
@@ -21,6 +23,7 @@ MATLAB as ``H x W x B`` comes back ``(H, W, B)``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -115,39 +118,67 @@ def _is_integral(arr: np.ndarray) -> bool:
     return bool(np.all(arr == np.round(arr)))
 
 
+_LABEL_WORDS = frozenset({"gt", "label", "labels", "groundtruth", "truth", "classes", "class", "classmap", "labelmap",
+                          "labelled", "labeled", "annotation", "annotations", "tr", "te", "train", "test", "y"})
+_MASK_WORDS = frozenset({"mask", "masks", "valid", "validity", "nodata", "roi"})
+
+
+def _words(name: str) -> set[str]:
+    """The words of an array name (``Indian_pines_gt`` -> indian, pines, gt; ``hsi/mask_sub`` -> hsi, mask, sub)."""
+    low = name.lower()
+    words = set(re.split(r"[^a-z0-9]+", low)) - {""}
+    return words | {low.replace("_", "").replace("-", "").rsplit("/", 1)[-1]}
+
+
 def _pick_label_key(
     c: Container, label_key: str | None, hw: tuple[int, int] | None, exclude: str | None, mode: LabelMode
 ) -> str | None:
+    """The label map's key: ``label_key``, else the one 2-D integer(-valued) array of the cube's
+    height and width. An array named like a mask (``mask``, ``valid``, ``roi``) is never taken;
+    label-like names (``gt``, ``label(s)``, ``ground_truth``, ``classes``, ``class_map``) are
+    preferred; several candidates left are a DataError listing them."""
     if label_key is not None:
         if label_key not in c.arrays:
             raise DataError(f"{c.path}: label_key '{label_key}' not found; available keys: {c._listing()}")
         return label_key
-    cands = [k for k, v in c.arrays.items() if k != exclude and len(v.shape) == 2]
+    cands = [k for k, v in c.arrays.items() if k != exclude and len(v.shape) == 2 and not _words(k) & _MASK_WORDS]
     if hw is not None:
         cands = [k for k in cands if c.arrays[k].shape == hw]
     ints = [k for k in cands if c.arrays[k].kind in "uib"]
-    if not ints:  # MATLAB often stores label maps as double
-        ints = [k for k in cands if c.arrays[k].kind == "f" and _is_integral(c.load(k))]
+    ints += [k for k in cands if c.arrays[k].kind == "f" and _is_integral(c.load(k))]  # MATLAB often stores labels as double
+    named = [k for k in ints if _words(k) & _LABEL_WORDS or "label" in k.lower() or "ground" in k.lower()]
+    ints = named or ints
     if len(ints) == 1:
         return ints[0]
     if len(ints) > 1:
         raise DataError(
-            f"{c.path}: several candidate label maps ({', '.join(ints)}); name one with label_key"
+            f"{c.path}: several candidate label maps ({', '.join(ints)}); name one with label_key (data.label_key)"
         )
     if mode == "required":
         want = "" if hw is None else f" of size {hw[0]} x {hw[1]}"
         raise DataError(
-            f"{c.path}: no 2-D integer label map{want} found; available keys: {c._listing()}; "
-            "name it with label_key or give label_path"
+            f"{c.path}: no 2-D integer label map{want} found (arrays named like a mask are not taken); available keys: "
+            f"{c._listing()}; name it with label_key (data.label_key) or give label_path"
         )
     return None
 
 
+# names of a band-centre array (case-insensitive); never one of a width, an index or a wavenumber
+WAVELENGTH_NAMES = frozenset({
+    "wavelength", "wavelengths", "wl", "wls", "lambda", "lambdas", "band_centers", "band_centres", "bandcenters",
+    "bandcentres", "band_center", "band_centre", "centers", "centres", "wavelength_nm", "wavelengths_nm",
+    "wavelength_um", "wavelengths_um", "wavelength_micrometers", "wavelength_micrometres", "wavelength_nanometers",
+    "wavelength_nanometres", "wave", "waves", "wvl", "wavelen",
+})
+
+
 def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray | None:
-    """Band centres in nm: ``key``'s array, else the header's, else an array named like ``wavelength``.
+    """Band centres in nm: ``key``'s array, else the header's, else the one array of one value per
+    band whose name is a known wavelength name (:data:`WAVELENGTH_NAMES`, any case).
 
     Arrays carry no units: all values below 30 are read as micrometres (see
-    :func:`~sciformer.data.hsi.wavelengths.to_nanometres`).
+    :func:`~sciformer.data.hsi.wavelengths.to_nanometres`). Two or more such arrays are a
+    DataError asking for ``wavelength_key``.
     """
     if key is not None:
         if key not in c.arrays:
@@ -159,11 +190,14 @@ def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray |
         return check_wavelengths(to_nanometres(c.load(key), None, where), bands, where)
     if c.wavelengths is not None:
         return c.wavelengths  # checked and in nm (containers.py)
-    for name, info in c.arrays.items():
-        low = name.lower()
-        if ("wave" in low or low in ("wl", "wavelength", "lambda")) and int(np.prod(info.shape)) == bands:
-            where = f"{c.path} [{name}]"
-            return check_wavelengths(to_nanometres(c.load(name), None, where), bands, where)
+    found = [name for name, info in c.arrays.items()
+             if name.lower().rsplit("/", 1)[-1] in WAVELENGTH_NAMES and int(np.prod(info.shape)) == bands]
+    if len(found) > 1:
+        raise DataError(f"{c.path}: several band-centre arrays ({', '.join(found)}); name one with wavelength_key "
+                        "(data.wavelength_key)")
+    if found:
+        where = f"{c.path} [{found[0]}]"
+        return check_wavelengths(to_nanometres(c.load(found[0]), None, where), bands, where)
     return None
 
 

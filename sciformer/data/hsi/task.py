@@ -363,6 +363,11 @@ def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> HSISceneTask:
     if scene.gt is not None:
         max_label = max(max_label, int(scene.gt.max()))
     class_names = _class_names(cfg, scene, max_label)
+    classes = np.unique(np.concatenate([m[m > 0] for m in split.maps().values()]))
+    if classes.size < 2:
+        raise DataError(f"{scene.source}: the labelled pixels hold {classes.size} class(es) "
+                        f"({', '.join(str(int(c)) for c in classes) or 'none'}); a classifier needs at least 2: is the "
+                        "label map a valid-pixel mask? name the label map with data.label_key or give data.label_path")
     if split.counts()["train"] == 0:
         raise DataError(f"{scene.source}: the split has no training pixels")
     normalizer = Normalizer(cfg.normalise, cfg.pca_components).fit(scene.cube, split.train > 0)

@@ -149,10 +149,10 @@ def test_largest_cube_wins_and_named_keys(tmp_path, uint_scene):
     cube, gt, _ = uint_scene
     small = cube[:5, :5, :2]
     p = tmp_path / "two.mat"
-    scipy.io.savemat(p, {"thumb": small, "big": cube, "gt": gt.astype(np.uint8), "other": (gt > 1).astype(np.uint8)})
-    with pytest.raises(DataError, match="several candidate label maps.*gt.*other"):
+    scipy.io.savemat(p, {"thumb": small, "big": cube, "gt": gt.astype(np.uint8), "labels": (gt > 1).astype(np.uint8)})
+    with pytest.raises(DataError, match="several candidate label maps.*gt.*labels"):
         read_scene(p)
-    s = read_scene(p, label_key="other")
+    s = read_scene(p, label_key="labels")
     np.testing.assert_array_equal(s.cube, cube)
     np.testing.assert_array_equal(s.gt, (gt > 1).astype(np.int64))
     s = read_scene(p, image_key="thumb", labels="none")
