@@ -88,3 +88,14 @@ def test_predict_rejects_band_mismatch(scene: Path, tmp_path: Path, capsys: pyte
     assert main(["predict", "--checkpoint", str(run), "--input", str(tmp_path / "other.npy"), "--output", str(tmp_path / "o.npy")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "band" in err[0]
+
+
+@pytest.mark.parametrize("extra", [[], ["data.wavelengths=[400,450,500,550,600,650,700,750,800]", "data.pca_components=4"]])
+def test_wavelength_positions_without_centres_stop_before_the_run(scene: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture, extra: list[str]) -> None:
+    """No centres, or PCA components (placed by index): one line when the model is built, no run folder."""
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(scene), "-o", str(run), "model.position_source=wavelength", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.position_source" in err and "data.pca_components" in err
+    assert not run.exists()

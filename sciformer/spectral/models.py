@@ -78,6 +78,15 @@ def _patch(batch: dict[str, Any], patch_size: int) -> torch.Tensor:
     return x
 
 
+def _check_positions(cfg: SpectralFormerConfig | SpectralSpatialConfig, info: DataInfo) -> None:
+    """``position_source=wavelength`` needs the data's band centres: refused when the model is
+    built (before a run folder is written), not at the first batch."""
+    if cfg.position_source == "wavelength" and info.wavelengths is None:
+        raise ConfigError("model.position_source=wavelength: the data gives no band centres: the scene has none "
+                          "(give data.wavelengths or data.wavelength_key) or data.pca_components is set (PCA "
+                          "components are placed by index); use model.position_source=auto or index")
+
+
 def _patch_size(info: DataInfo) -> int:
     if info.patch_size is None:  # DataInfo checks that a given patch size is odd and positive
         raise ConfigError("data: the model needs pixel patches, but the data gives no DataInfo.patch_size")
@@ -180,6 +189,7 @@ class SpectralFormer(nn.Module):
 @MODELS.register("spectralformer", config=SpectralFormerConfig)
 def build_spectralformer(cfg: SpectralFormerConfig, info: DataInfo) -> nn.Module:
     """Band-sequence Transformer (SpectralFormer-style group-wise embedding, any band count)."""
+    _check_positions(cfg, info)
     return SpectralFormer(cfg, info.num_classes, _patch_size(info), info.wavelengths)
 
 
@@ -296,4 +306,5 @@ class SpectralSpatialTransformer(nn.Module):
 @MODELS.register("spectral_spatial", config=SpectralSpatialConfig)
 def build_spectral_spatial(cfg: SpectralSpatialConfig, info: DataInfo) -> nn.Module:
     """Spectral-spatial Transformer over the pixels of a patch plus centre band tokens (any band count)."""
+    _check_positions(cfg, info)
     return SpectralSpatialTransformer(cfg, info.num_classes, _patch_size(info), info.wavelengths)

@@ -101,9 +101,11 @@ def test_wavelength_positions(name: str) -> None:
     torch.testing.assert_close(model({**b, "wavelength": wl.expand(2, 30)}), by_wavelength)  # collated (n, B)
     with_default = build(name, wavelengths=wl.tolist()).eval()
     torch.testing.assert_close(with_default(b), by_wavelength)  # wavelengths given at build time
-    strict = build(name, position_source="wavelength").eval()
+    with pytest.raises(ConfigError, match="model.position_source=wavelength"):
+        build(name, position_source="wavelength")  # no centres: refused when built, not at the first batch
+    strict = build(name, position_source="wavelength", wavelengths=wl.tolist()).eval()
     with pytest.raises(DataError, match="wavelength"):
-        strict(b)
+        strict({**b, "patch": torch.zeros(2, 29, *b["patch"].shape[2:])})  # neither the batch nor the build gives 29 centres
     index_only = build(name, position_source="index").eval()
     torch.testing.assert_close(index_only({**b, "wavelength": wl}), by_index)
     with pytest.raises(DataError, match="wavelength"):
