@@ -131,6 +131,17 @@ def input_parts(path: Path) -> list[Path]:
     return out
 
 
+def input_sidecars(path: Path) -> list[Path]:
+    """Every name, existing or not, that a reader of ``path`` would pair with it: for a data
+    file its ENVI header (``a.img.hdr``, ``a.hdr``), for a header its data file (``a``,
+    ``a.img``, ...). A prediction written under one of them (in any case) would be read with
+    the input afterwards, so it is refused even when no such file exists yet."""
+    if path.suffix.lower() == ".hdr":
+        stems = [path.with_suffix(""), Path(str(path)[: -len(path.suffix)])]
+        return [Path(str(stem) + ext) for stem in stems for ext in _ENVI_DATA]
+    return [Path(str(path) + ".hdr"), path.with_suffix(".hdr")]
+
+
 def expand_inputs(specs: list[str]) -> list[Path]:
     """Files of ``--input`` values: files, folders (their point/cube files) or quoted globs."""
     import glob
@@ -177,6 +188,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
     output that is one of the inputs (always: every part of an ENVI pair, :func:`input_parts`,
     and the other files the command reads, ``read_too``: ``--labels``, ``--wavelengths``),
+    an output a reader would pair with an input later (:func:`input_sidecars`, any case),
     an output that exists as a dangling link (unless ``overwrite``). ``beside(output)`` names the files a
     predictor writes next to an output (e.g. ``--probabilities`` rasters); they are
     checked like the output, and no file may be written twice.
@@ -216,6 +228,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                                  "use .ply, .npz or .npy")
     taken = {part.resolve() for p in [*inputs, *read_too] for part in input_parts(p)}
     inodes = {(st.st_dev, st.st_ino) for st in (p.stat() for p in taken if p.exists())}  # hard links, other spellings
+    sidecars = {str(c.resolve()).casefold(): p for p in [*inputs, *read_too] for c in input_sidecars(p)}
     planned: dict[Path, Path] = {}
     for _, out in pairs:
         written = [out] if out.suffix.lower() not in _ENVI_OUTPUT else [out.with_suffix(".hdr"), out.with_suffix(".img")]  # ENVI: lower case
@@ -227,6 +240,9 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                                      f"'{out.name}'); predict them separately")
             if w.resolve() in taken or (w.exists() and (w.stat().st_dev, w.stat().st_ino) in inodes):
                 raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
+            if str(w.resolve()).casefold() in sidecars:
+                raise SciformerError(f"--output '{w}' would be read with input '{sidecars[str(w.resolve()).casefold()]}' "
+                                     "(an ENVI header or data file of the same name); choose another output name")
             if w.is_dir():  # --overwrite would not help
                 raise SciformerError(f"--output '{w}' is a directory")
             if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it

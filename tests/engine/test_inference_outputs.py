@@ -43,3 +43,26 @@ def test_a_name_too_long_for_the_folder_is_refused_before_anything_runs(tmp_path
         plan_outputs([source], tmp_path / too_long, (".npy",), beside=extra)
     with pytest.raises(SciformerError, match="choose a shorter output name"):  # a folder output: the input's name
         plan_outputs([tmp_path / too_long], tmp_path / "out", (".npy",), many=True, beside=extra)
+
+
+@pytest.mark.parametrize("name", ["scene.img.hdr", "scene.hdr", "SCENE.IMG.HDR", "scene.HDR"])
+def test_a_header_the_input_would_pick_up_later_is_refused(tmp_path: Path, name: str) -> None:
+    """``predict -i scene.img -o scene.img.hdr`` wrote a header that the input's reader then took
+    as the input's own (before: only existing headers were protected)."""
+    from sciformer.data.hsi.containers import _envi_header_for
+
+    data = tmp_path / "scene.img"
+    data.write_bytes(b"\0" * 8)
+    with pytest.raises(SciformerError, match="would be read with input"):
+        plan_outputs([data], tmp_path / name, (".npy", ".hdr", ".img", ".png"), overwrite=True)
+    if name.islower():  # oracle: the reader pairs the data file with that header once it exists
+        (tmp_path / name).write_text("ENVI\n")
+        assert _envi_header_for(data) == tmp_path / name
+    assert plan_outputs([data], tmp_path / "map.hdr", (".npy", ".hdr", ".img", ".png"))  # another name: fine
+
+
+def test_a_map_beside_a_header_input_may_not_be_its_data_file(tmp_path: Path) -> None:
+    header = tmp_path / "cube.hdr"
+    header.write_text("ENVI\n")
+    with pytest.raises(SciformerError, match="would be read with input|is an input file"):
+        plan_outputs([header], tmp_path / "cube.img", (".npy", ".hdr", ".img"))
