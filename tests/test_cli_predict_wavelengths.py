@@ -60,8 +60,12 @@ def test_checkpoint_records_the_training_wavelengths(runs: dict[str, Path]) -> N
 
     published = np.asarray(tensorly_indian_pines()["ticks"][1], dtype=np.float64)  # (200,) nm
     state = torch.load(runs["wavelength"] / "checkpoints" / "best.pt", weights_only=True)
-    np.testing.assert_allclose(state["data_state"]["wavelengths"].numpy(), published, atol=1e-3)
-    np.testing.assert_allclose(state["data_info"]["wavelengths"], published, atol=1e-9)
+    # AVIRIS's spectrometers overlap: the bands are trained in ascending order of centre, the file's order kept
+    order = np.argsort(published, kind="stable")
+    assert np.any(np.diff(published) < 0)
+    np.testing.assert_allclose(state["data_state"]["wavelengths"].numpy(), published[order], atol=1e-3)
+    np.testing.assert_allclose(state["data_info"]["wavelengths"], published[order], atol=1e-9)
+    np.testing.assert_array_equal(state["data_state"]["band_order"].numpy(), order)
     assert state["data_state"]["in_bands"] == 200 and state["config"]["model"]["position_source"] == "wavelength"
 
 
@@ -149,3 +153,35 @@ def test_evaluate_applies_the_same_rules(runs: dict[str, Path], tmp_path: Path, 
     assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "w"), *scene, listing]) == 0
     metrics = json.loads((tmp_path / "w" / "metrics.json").read_text())
     assert 0.0 <= metrics["oa"] <= 1.0
+
+
+@pytest.mark.parametrize("source", ["wavelength", "index"])
+def test_the_same_bands_in_another_order_give_the_same_probabilities(runs: dict[str, Path], tmp_path: Path,
+                                                                     source: str) -> None:
+    """A Wavenumber header lists the bands descending in nm; any order of (band, centre) pairs is the
+    same cube. The oracle: the prediction of the file in its own order."""
+    root = runs["root"]
+    cube, wl = np.load(root / "full.npy")[40:80, 40:80], np.load(root / "wl.npy")
+    np.save(tmp_path / "cube.npy", cube)
+    perm = np.random.default_rng(0).permutation(wl.size)
+    np.save(tmp_path / "shuffled.npy", cube[:, :, perm])
+    np.savetxt(tmp_path / "shuffled_nm.txt", wl[perm])
+    np.savetxt(tmp_path / "reversed_nm.txt", wl[::-1])
+    np.save(tmp_path / "reversed.npy", cube[:, :, ::-1])
+    assert predict(runs[source], tmp_path / "cube.npy", tmp_path / "a.npy", "--wavelengths", str(root / "wl.npy"),
+                   "--probabilities") == 0
+    for name in ("shuffled", "reversed"):
+        assert predict(runs[source], tmp_path / f"{name}.npy", tmp_path / f"{name}_map.npy", "--wavelengths",
+                       str(tmp_path / f"{name}_nm.txt"), "--probabilities") == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}_map_probabilities.npy"),
+                                      np.load(tmp_path / "a_probabilities.npy"))
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}_map.npy"), np.load(tmp_path / "a.npy"))
+
+
+def test_two_bands_of_one_centre_are_refused(runs: dict[str, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    wl = np.load(runs["root"] / "wl.npy")[:4].copy()
+    wl[2] = wl[0]
+    np.save(tmp_path / "c.npy", np.ones((5, 5, 4), np.float32))
+    assert predict(runs["wavelength"], tmp_path / "c.npy", tmp_path / "m.npy", "--wavelengths", ",".join(map(str, wl))) == 2
+    assert "bands 0 and 2 have the same centre" in one_error_line(capsys)

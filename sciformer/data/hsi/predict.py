@@ -38,7 +38,7 @@ from sciformer.data.hsi.readers import (
     read_labels,
     read_scene,
 )
-from sciformer.data.hsi.wavelengths import read_wavelength_spec
+from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec, same_wavelengths
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.errors import DataError
 from sciformer.utils.progress import progress
@@ -59,6 +59,35 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> tuple[Scene, 
     except DataError:
         scene.gt = None
     return scene, georef_of(input_path)
+
+
+def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None,
+                  where: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """An input cube's bands in the order the model was trained on, whatever the file's order.
+
+    When the training scene had centres (``bands_ascending`` in the state, or training
+    centres recorded) and the input has them: ascending order of centre, or, for a checkpoint
+    trained on bands out of that order (before they were sorted) and an input of the same
+    band set, the checkpoint's order. An input of as many bands without centres is read in
+    the training file's order (``band_order``). Otherwise the file's order.
+    """
+    trained = state.get("wavelengths")
+    trained = None if trained is None else np.asarray(trained.tolist() if hasattr(trained, "tolist") else trained, dtype=np.float64)
+    if not state.get("bands_ascending") and trained is None:
+        return cube, wl
+    if wl is None:
+        order = state.get("band_order")
+        if order is not None and cube.shape[-1] == len(order):
+            order = np.asarray(order.tolist() if hasattr(order, "tolist") else order, dtype=np.int64)
+            cube = np.ascontiguousarray(np.take(cube, order, axis=-1))
+        return cube, wl
+    cube, wl, _ = bands_ascending(cube, wl, f"{where}: band centres")
+    if trained is not None and np.any(np.diff(trained) < 0):
+        placed = np.argsort(trained, kind="stable")  # trained[placed] ascending
+        if same_wavelengths(wl, trained[placed]):
+            back = np.argsort(placed, kind="stable")  # ascending -> the checkpoint's order
+            cube, wl = np.ascontiguousarray(np.take(cube, back, axis=-1)), wl[back]
+    return cube, wl
 
 
 def read_label_map(path: Path, shape: tuple[int, int], num_classes: int) -> np.ndarray:
@@ -118,6 +147,7 @@ def predict_hsi_file(
     given = None if options.wavelengths is None else read_wavelength_spec(options.wavelengths)
     scene, georef = _read_for_prediction(cfg, input_path)
     wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), "--wavelengths")
+    scene.cube, wl = arrange_bands(state, scene.cube, wl, str(input_path))
     plan = plan_bands(trained, scene.num_bands, wl, str(input_path), allow_mismatch=options.allow_band_mismatch)
     if plan.resample:
         assert trained.wavelengths is not None and plan.wavelengths is not None

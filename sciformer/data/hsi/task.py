@@ -64,6 +64,7 @@ from sciformer.data.hsi.readers import (
     validate_labels,
 )
 from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
+from sciformer.data.hsi.wavelengths import bands_ascending
 from sciformer.errors import ConfigError, DataError
 from sciformer.registry import DATASETS
 from sciformer.utils.atomic import atomic_write_text, atomic_write_with
@@ -93,6 +94,13 @@ def load_source(cfg: HSISceneConfig, ctx: BuildContext) -> Scene:
     if cfg.wavelengths is not None:  # the YAML's centres: one per band, and not against the file's
         scene.wavelengths = input_wavelengths(scene.wavelengths, np.asarray(cfg.wavelengths), scene.num_bands,
                                               scene.source, "data.wavelengths", ConfigError)
+    where = f"{scene.source}: band centres" + (" (data.wavelengths)" if cfg.wavelengths is not None else "")
+    scene.cube, scene.wavelengths, order = bands_ascending(scene.cube, scene.wavelengths, where,
+                                                           ConfigError if cfg.wavelengths is not None else DataError)
+    if order is not None:  # bands in ascending order of centre from here on (the file's order is kept in the state)
+        scene.meta["band_order"] = order
+        if scene.meta.get("fwhm") is not None:
+            scene.meta["fwhm"] = np.asarray(scene.meta["fwhm"])[order]
     return scene
 
 
@@ -197,6 +205,7 @@ class HSISceneTask(TaskData):
             wavelengths=[float(w) for w in wavelengths] if use_wl else None,
         )
         self._datasets: dict[str, PatchDataset] = {}
+        self.band_order: np.ndarray | None = None  # the permutation that sorted the training file's bands, if any
 
     # ------------------------------------------------------------------ data
     def dataset(self, split: str) -> PatchDataset:
@@ -291,6 +300,10 @@ class HSISceneTask(TaskData):
         }
         if self._wavelength is not None:
             state["wavelengths"] = self._wavelength.clone()
+        if self.wavelengths is not None:  # trained on bands in ascending order of centre (every input gets sorted too)
+            state["bands_ascending"] = True
+        if self.band_order is not None:  # the training file's bands, in that order: an input without centres is read alike
+            state["band_order"] = torch.as_tensor(np.asarray(self.band_order), dtype=torch.int64)
         return state
 
     def match_checkpoint(self, state: dict[str, Any], *, allow_band_mismatch: bool = False) -> None:
@@ -373,4 +386,6 @@ def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> HSISceneTask:
     normalizer = Normalizer(cfg.normalise, cfg.pca_components).fit(scene.cube, split.train > 0)
     facts = _SceneFacts(scene.source, *scene.shape, labelled=scene.num_labelled or sum(split.counts().values()))
     padded = pad_cube(normalizer.transform(scene.cube, str(scene.source)), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
-    return HSISceneTask(cfg, split, normalizer, padded, class_names, scene.wavelengths, scene.gt, facts)
+    task = HSISceneTask(cfg, split, normalizer, padded, class_names, scene.wavelengths, scene.gt, facts)
+    task.band_order = scene.meta.get("band_order")
+    return task

@@ -15,6 +15,8 @@ Where centres come from, in one place:
   like micrometres are refused (:func:`given_nanometres`).
 
 Every list is checked: finite, positive, one value per band (:func:`check_wavelengths`).
+A cube with centres has its bands put in ascending order of centre before anything uses
+them (:func:`bands_ascending`); two bands of the same centre are refused.
 """
 
 from __future__ import annotations
@@ -130,6 +132,35 @@ def same_wavelengths(a: np.ndarray | None, b: np.ndarray | None, tol: float = TO
         return a is None and b is None
     a, b = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol))
+
+
+def ascending_order(wl: np.ndarray, where: str, error: type[Exception] = DataError) -> np.ndarray | None:
+    """The stable permutation that puts bands in ascending order of centre (None: already so).
+
+    Neighbouring bands are grouped into tokens and the normaliser is read along the
+    spectrum, so a cube's bands always go in ascending order of centre (a Wavenumber header
+    lists them descending in nm). Two bands of exactly the same centre are a one-line
+    ``error`` naming ``where``.
+    """
+    wl = np.asarray(wl, dtype=np.float64).reshape(-1)
+    order = np.argsort(wl, kind="stable")
+    same = np.nonzero(np.diff(wl[order]) == 0)[0]
+    if same.size:
+        i, j = sorted(int(k) for k in order[same[0] : same[0] + 2])
+        raise error(f"{where}: bands {i} and {j} have the same centre ({wl[i]:g} nm); each band needs its own centre")
+    return None if np.array_equal(order, np.arange(wl.size)) else order
+
+
+def bands_ascending(cube: np.ndarray, wl: np.ndarray | None, where: str,
+                    error: type[Exception] = DataError) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """``cube`` (H, W, B) and its centres ``wl`` (B,) with the bands in ascending order of centre
+    (:func:`ascending_order`), and the permutation applied (None: none was needed)."""
+    if wl is None:
+        return cube, None, None
+    order = ascending_order(wl, where, error)
+    if order is None:
+        return cube, np.asarray(wl, dtype=np.float64), None
+    return np.ascontiguousarray(np.take(cube, order, axis=-1)), np.asarray(wl, dtype=np.float64)[order], order
 
 
 def describe(wl: np.ndarray | None) -> str:
