@@ -42,8 +42,9 @@ class Prediction:
 
     Attributes:
         labels: class ids: (n,) per point (-1 where a point could not be classified, e.g.
-            NaN coordinates), (H, W) per pixel, or a 0-d array for a whole shape.
-        probabilities: class probabilities: (n, C), (H, W, C) or (C,), float32.
+            NaN coordinates), (H, W) per pixel (-1 on no-data pixels: NaN/Inf in a band, or
+            the file's no-data value in every band), or a 0-d array for a whole shape.
+        probabilities: class probabilities: (n, C), (H, W, C) or (C,), float32 (NaN on no-data pixels).
         class_names: the C class names, in class-id order.
         valid: (n,) bool for points (False where not classified); None otherwise.
     """

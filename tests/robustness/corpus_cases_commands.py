@@ -175,14 +175,6 @@ def _predict_cube(d: Path, t: Trained, name: str) -> list[str]:
     return ["predict", "--checkpoint", str(t.hsi()), "--input", str(d / name), "--output", str(d / "pred.npy")]
 
 
-@case("predict-cube-nan", "cube.npy", "NaN/Inf")
-def _(d: Path, t: Trained) -> list[str]:
-    cube, _ = make_scene()
-    cube[1, 1, 1] = np.nan
-    np.save(d / "cube.npy", cube)
-    return _predict_cube(d, t, "cube.npy")
-
-
 @case("predict-cube-band-mismatch", "cube.npy", "4 bands", "trained on 6 bands")
 def _(d: Path, t: Trained) -> list[str]:
     np.save(d / "cube.npy", make_scene(bands=4)[0])

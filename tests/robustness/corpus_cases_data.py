@@ -196,7 +196,8 @@ def _(d: Path, t: Trained) -> list[str]:
 @case("hsi-cube-nan-npy", "cube.npy", "NaN/Inf")
 def _(d: Path, t: Trained) -> list[str]:
     cube, gt = make_scene()
-    cube[3, 4, 2] = np.nan
+    cube[3, 4, 2] = np.nan  # a labelled no-data pixel: refused for training
+    gt[3, 4] = max(int(gt[3, 4]), 1)
     np.save(d / "cube.npy", cube)
     np.save(d / "gt.npy", gt)
     return _scene_case(d, "cube.npy", label_path="gt.npy")
@@ -206,6 +207,7 @@ def _(d: Path, t: Trained) -> list[str]:
 def _(d: Path, t: Trained) -> list[str]:
     cube, gt = make_scene()
     cube[0, 1, 0] = np.inf
+    gt[0, 1] = max(int(gt[0, 1]), 1)
     write_mat_v5(d / "scene.mat", cube=cube.astype(np.float64), gt=gt)
     return _scene_case(d, "scene.mat")
 
@@ -214,6 +216,7 @@ def _(d: Path, t: Trained) -> list[str]:
 def _(d: Path, t: Trained) -> list[str]:
     cube, gt = make_scene()
     cube[5, 5, 5] = -np.inf
+    gt[5, 5] = max(int(gt[5, 5]), 1)
     write_mat_v73(d / "scene.mat", cube=cube, gt=gt)
     return _scene_case(d, "scene.mat")
 

@@ -58,6 +58,7 @@ class Container:
         self.wavelengths = wavelengths  # (B,) band centres in nm, from a header
         self.class_names = class_names
         self.fwhm = fwhm  # (B,) band widths in nm, from a header
+        self.nodata: float | None = None  # the no-data value a header declares (ENVI 'data ignore value', GeoTIFF nodata)
 
     def keys(self) -> list[str]:
         return list(self.arrays)
@@ -198,7 +199,14 @@ def _spy_to_container(path: Path, img: Any) -> Container:
         data = np.array(img.open_memmap(interleave="bip"))  # (H, W, B) native dtype
         return data[:, :, 0] if len(arr_shape) == 2 else data
 
-    return Container(path, {key: ArrayInfo(arr_shape, kind, itemsize)}, load, wavelengths, class_names, fwhm)
+    c = Container(path, {key: ArrayInfo(arr_shape, kind, itemsize)}, load, wavelengths, class_names, fwhm)
+    ignore = meta.get("data ignore value")
+    if ignore is not None:
+        try:
+            c.nodata = float(str(ignore[0] if isinstance(ignore, list) else ignore).strip())
+        except ValueError:
+            raise DataError(f"{path}: header field 'data ignore value' = '{str(ignore)[:20]}' is not a number") from None
+    return c
 
 
 def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -280,7 +288,7 @@ def _open_lan(path: Path) -> Container:
 def _open_geotiff(path: Path) -> Container:
     """A GeoTIFF as a one-array container: several bands are a cube (H, W, B), one band a label
     map (H, W); pixels are read on first use."""
-    from sciformer.data.hsi.geotiff import geotiff_layout, read_geotiff  # rasterio is optional
+    from sciformer.data.hsi.geotiff import geotiff_layout, geotiff_nodata, read_geotiff  # rasterio is optional
 
     shape, kind = geotiff_layout(path)
     arr_shape = shape[:2] if shape[2] == 1 else shape
@@ -289,7 +297,9 @@ def _open_geotiff(path: Path) -> Container:
         data, _ = read_geotiff(path)  # (H, W, B)
         return data[:, :, 0] if len(arr_shape) == 2 else data
 
-    return Container(path, {path.stem: ArrayInfo(arr_shape, kind)}, load)
+    c = Container(path, {path.stem: ArrayInfo(arr_shape, kind)}, load)
+    c.nodata = geotiff_nodata(path)
+    return c
 
 
 def _envi_header_for(path: Path) -> Path | None:

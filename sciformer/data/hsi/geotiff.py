@@ -191,6 +191,16 @@ def geotiff_layout(path: Path) -> tuple[tuple[int, int, int], str]:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
 
 
+def geotiff_nodata(path: Path) -> float | None:
+    """The no-data value a GeoTIFF declares (None when it declares none)."""
+    rasterio = _rasterio()
+    try:
+        with _open(rasterio, path) as src:
+            return None if src.nodata is None else float(src.nodata)
+    except rasterio.errors.RasterioError as exc:
+        raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
+
+
 def georef_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The georeference of an input scene file (ENVI header or GeoTIFF), None when it has none."""
     path = Path(path)
@@ -350,7 +360,8 @@ def write_geotiff_probabilities(
     path = Path(path)
     p = check_probabilities(probs, class_names, path)
     profile: dict[str, Any] = {"driver": "GTiff", "height": p.shape[0], "width": p.shape[1], "count": p.shape[2],
-                               "dtype": "float32", "compress": "deflate", "interleave": "band"}
+                               "dtype": "float32", "compress": "deflate", "interleave": "band",
+                               "nodata": float("nan")}  # no-data pixels have no probabilities
     profile.update(_georef_profile(path, georef, rasterio))
 
     def write(tmp: Path) -> None:

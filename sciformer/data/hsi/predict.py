@@ -30,6 +30,7 @@ from sciformer.data.hsi.geotiff import (
     write_geotiff_map,
     write_geotiff_probabilities,
 )
+from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import pad_cube, predict_scene
 from sciformer.data.hsi.readers import (
@@ -102,7 +103,7 @@ def read_label_map(path: Path, shape: tuple[int, int], num_classes: int) -> np.n
 
 def map_scores(label_map: np.ndarray, gt: np.ndarray, num_classes: int) -> dict[str, float]:
     """Overall and mean per-class accuracy of a map on the labelled pixels of ``gt`` (0 = unlabelled)."""
-    seen = gt > 0
+    seen = (gt > 0) & (label_map > 0)  # no-data pixels have no prediction to score
     truth, pred = gt[seen] - 1, label_map[seen] - 1
     conf = np.bincount(truth * num_classes + pred, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
     support = conf.sum(axis=1)
@@ -133,6 +134,7 @@ def predict_hsi_file(
     map, in the map's format (:func:`~sciformer.data.hsi.export.probability_paths`).
     The input's band set is matched to the model's by :func:`~sciformer.data.hsi.bandmatch.plan_bands`
     (centres from the file or ``options.wavelengths``; ``options.allow_band_mismatch``).
+    No-data pixels (:mod:`~sciformer.data.hsi.nodata`) get label 0 and NaN probabilities.
     """
     options, input_path, output_path = start_prediction(
         "hsi_scene", options, input_path, output_path, PREDICT_SUFFIXES,
@@ -154,7 +156,9 @@ def predict_hsi_file(
         norm = norm.at_wavelengths(trained.wavelengths, plan.wavelengths)
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names))
-    padded = pad_cube(norm.transform(scene.cube, str(input_path)), patch_size, padding)  # (C, H + 2r, W + 2r)
+    nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): label 0, NaN probabilities
+    cube = fill_nodata(scene.cube, nodata, norm.shift)  # 0 once normalised: neighbours' patches stay clean
+    padded = pad_cube(norm.transform(cube, str(input_path)), patch_size, padding)  # (C, H + 2r, W + 2r)
     wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)  # (B,)
 
     def make_batch(patches: torch.Tensor) -> Batch:
@@ -172,13 +176,14 @@ def predict_hsi_file(
             bar.update(1)
         return logits
 
-    probs = np.zeros((h, w, len(class_names)), dtype=np.float32) if options.probabilities else None  # (H, W, K)
+    probs = np.full((h, w, len(class_names)), np.nan, dtype=np.float32) if options.probabilities else None  # (H, W, K)
+    valid = ~nodata if nodata.any() else None
     try:
-        ids = predict_scene(counted, padded, patch_size, batch_size, make_batch=make_batch, probabilities=probs)  # (H, W)
+        ids = predict_scene(counted, padded, patch_size, batch_size, mask=valid, make_batch=make_batch, probabilities=probs)  # (H, W)
     finally:
         if hasattr(bar, "close"):
             bar.close()
-    label_map = ids + 1
+    label_map = ids + 1  # 0 (unclassified) on no-data pixels
     if options.labels is not None:
         s = map_scores(label_map, scene.gt, len(class_names))
         print(f"{input_path.name}: OA {100 * s['oa']:.2f}  AA {100 * s['aa']:.2f} on {s['pixels']} labelled pixels of {options.labels}")

@@ -222,7 +222,7 @@ def validate_labels(gt: np.ndarray, where: str) -> np.ndarray:
 
 
 def validate_cube(cube: np.ndarray, where: str) -> np.ndarray:
-    """Check a cube (3-D, numeric, finite) and return it unchanged (native dtype)."""
+    """Check a cube (3-D, numeric, not empty) and return it unchanged (native dtype)."""
     cube = np.asarray(cube)
     if cube.ndim != 3:
         raise DataError(f"{where}: image has shape {fmt_shape(cube.shape)}; expected 3-D (H, W, B)")
@@ -230,12 +230,7 @@ def validate_cube(cube: np.ndarray, where: str) -> np.ndarray:
         raise DataError(f"{where}: image dtype {cube.dtype} is not numeric")
     if min(cube.shape) == 0:
         raise DataError(f"{where}: image has an empty axis, shape {fmt_shape(cube.shape)}")
-    if cube.dtype.kind == "f":
-        bad = ~np.isfinite(cube)
-        if bad.any():
-            n = int(bad.sum())
-            raise DataError(f"{where}: image has {n} NaN/Inf values; fill or mask them before training")
-    return cube
+    return cube  # NaN / Inf pixels are no-data (sciformer.data.hsi.nodata)
 
 
 def read_labels(
@@ -280,7 +275,8 @@ def read_scene(
 
     Raises:
         DataError: missing or unreadable file, missing key, ambiguous keys,
-            size mismatch, NaN/Inf in the cube.
+            size mismatch. NaN/Inf pixels and the file's no-data value
+            (``meta["nodata"]``) mark no-data pixels (:mod:`sciformer.data.hsi.nodata`).
     """
     c = open_container(path)
     key = _pick_image_key(c, image_key)
@@ -316,7 +312,8 @@ def read_scene(
         wavelengths=wavelengths,
         class_names=names,
         source=str(path),
-        meta={"image_key": key} if c.fwhm is None else {"image_key": key, "fwhm": c.fwhm},
+        meta={"image_key": key, **({} if c.fwhm is None else {"fwhm": c.fwhm}),
+              **({} if c.nodata is None else {"nodata": c.nodata})},
     )
 
 

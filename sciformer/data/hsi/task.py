@@ -53,6 +53,7 @@ from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_b
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import AugmentConfig, HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
+from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels, refuse_labelled_nodata
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
 from sciformer.data.hsi.predict import predict_hsi_file
@@ -206,6 +207,7 @@ class HSISceneTask(TaskData):
         )
         self._datasets: dict[str, PatchDataset] = {}
         self.band_order: np.ndarray | None = None  # the permutation that sorted the training file's bands, if any
+        self.nodata: np.ndarray | None = None  # (H, W) no-data pixels: label 0 in exported maps
 
     # ------------------------------------------------------------------ data
     def dataset(self, split: str) -> PatchDataset:
@@ -335,8 +337,9 @@ class HSISceneTask(TaskData):
             raise ConfigError(f"split: unknown split '{split}'; expected one of train, val, test")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        ids = predict_scene(predict, self.padded, self.cfg.patch_size, batch_size, make_batch=self.make_batch)  # (H, W)
-        label_map = ids + 1  # 1..K, gt convention
+        valid = None if self.nodata is None or not self.nodata.any() else ~self.nodata
+        ids = predict_scene(predict, self.padded, self.cfg.patch_size, batch_size, mask=valid, make_batch=self.make_batch)  # (H, W)
+        label_map = ids + 1  # 1..K, gt convention; 0 (unclassified) on no-data pixels
         gt = self.gt if self.gt is not None else maps["train"] + maps["val"] + maps["test"]
         if gt.max() > len(self.class_names):
             gt = None
@@ -383,9 +386,12 @@ def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> HSISceneTask:
                         "label map a valid-pixel mask? name the label map with data.label_key or give data.label_path")
     if split.counts()["train"] == 0:
         raise DataError(f"{scene.source}: the split has no training pixels")
+    nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): never labelled, never in a statistic
+    refuse_labelled_nodata(nodata, sum(m > 0 for m in split.maps().values()) > 0, scene.source, scene.meta.get("nodata"))
     normalizer = Normalizer(cfg.normalise, cfg.pca_components).fit(scene.cube, split.train > 0)
     facts = _SceneFacts(scene.source, *scene.shape, labelled=scene.num_labelled or sum(split.counts().values()))
-    padded = pad_cube(normalizer.transform(scene.cube, str(scene.source)), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
+    cube = fill_nodata(scene.cube, nodata, normalizer.shift)  # 0 once normalised: no patch sees a no-data value
+    padded = pad_cube(normalizer.transform(cube, str(scene.source)), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
     task = HSISceneTask(cfg, split, normalizer, padded, class_names, scene.wavelengths, scene.gt, facts)
-    task.band_order = scene.meta.get("band_order")
+    task.band_order, task.nodata = scene.meta.get("band_order"), nodata
     return task

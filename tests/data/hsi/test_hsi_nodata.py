@@ -1,0 +1,119 @@
+"""No-data pixels (NaN/Inf in a band, or the file's declared no-data value in every band):
+label 0 and NaN probabilities in every output format, no effect on their neighbours' scores,
+refused where labelled for training, never in the normalisation statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+from spectral.io import envi
+from synthetic import make_hsi_scene
+
+from sciformer.cli import main
+from sciformer.data.hsi.readers import read_labels, read_scene
+
+NODATA = [(0, 0), (5, 7), (10, 11), (19, 23)]  # corners, and inner pixels whose neighbours are predicted
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("nodata")
+    cube, gt, _ = make_hsi_scene(h=20, w=24, bands=9, classes=3, block=4)
+    cube = cube.astype(np.float32)
+    gt = gt.astype(np.uint8)
+    for r, c in NODATA:
+        gt[r, c] = 0
+    holed = cube.copy()
+    for r, c in NODATA:  # unlabelled no-data pixels in the training scene
+        holed[r, c, 3] = np.nan
+    scipy.io.savemat(root / "scene.mat", {"cube": holed, "labels": gt})
+    (root / "tiny.yaml").write_text(
+        "name: nd\ndata:\n  name: hsi_scene\n  source: scene.mat\n  patch_size: 3\n"
+        "  split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}\n"
+        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
+        "train: {epochs: 1, batch_size: 16, progress: never, threads: 1}\n")
+    assert main(["train", "-c", str(root / "tiny.yaml"), "-o", str(root / "run")]) == 0
+    return {"root": root, "run": root / "run", "cube": cube, "gt": gt}
+
+
+def _predict(run: dict[str, object], inp: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
+    assert main(["predict", "--checkpoint", str(run["run"]), "-i", str(inp), "-o", str(out), "--probabilities"]) == 0
+    stem = out.with_name(out.stem + "_probabilities")
+    if out.suffix == ".npy":
+        return np.load(out), np.load(stem.with_suffix(".npy"))
+    if out.suffix == ".tif":
+        import rasterio
+
+        with rasterio.open(out) as m, rasterio.open(stem.with_suffix(".tif")) as p:
+            return m.read(1), np.moveaxis(p.read(), 0, -1)
+    return read_labels(out.with_suffix(".hdr")), read_scene(stem.with_suffix(".hdr"), labels="none").cube
+
+
+def _oracle(run: dict[str, object], tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The same cube with the no-data pixels holding the training band mean (nothing to detect)."""
+    state = torch.load(Path(run["run"]) / "checkpoints" / "best.pt", weights_only=True)
+    mean = state["data_state"]["normaliser"]["shift"].numpy()
+    cube = np.array(run["cube"], dtype=np.float64)
+    for r, c in NODATA:
+        cube[r, c] = mean
+    np.save(tmp_path / "oracle.npy", cube)
+    return _predict(run, tmp_path / "oracle.npy", tmp_path / "oracle_map.npy")
+
+
+def _check(label_map: np.ndarray, probs: np.ndarray, ref_map: np.ndarray, ref_probs: np.ndarray) -> None:
+    nd = np.zeros(label_map.shape, bool)
+    nd[tuple(np.array(NODATA).T)] = True
+    assert np.all(label_map[nd] == 0) and np.all(label_map[~nd] > 0)
+    assert np.isnan(probs[nd]).all()
+    np.testing.assert_array_equal(label_map[~nd], ref_map[~nd])
+    np.testing.assert_allclose(probs[~nd], ref_probs[~nd], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["nan.npy", "envi.hdr", "geotiff.tif"])
+def test_nodata_pixels_are_unclassified_and_leave_their_neighbours_alone(run: dict[str, object], tmp_path: Path,
+                                                                         kind: str) -> None:
+    cube = np.array(run["cube"], dtype=np.float32)
+    name, suffix = kind.split(".")
+    if name == "nan":
+        for r, c in NODATA:
+            cube[r, c, 2] = np.inf if r == 5 else np.nan
+        np.save(tmp_path / "in.npy", cube)
+        inp = tmp_path / "in.npy"
+    else:
+        for r, c in NODATA:
+            cube[r, c] = -9999.0
+        if name == "envi":
+            envi.save_image(str(tmp_path / "in.hdr"), cube, ext=".img", force=True, metadata={"data ignore value": -9999})
+            inp = tmp_path / "in.hdr"
+        else:
+            rasterio = pytest.importorskip("rasterio")
+            with rasterio.open(tmp_path / "in.tif", "w", driver="GTiff", height=cube.shape[0], width=cube.shape[1],
+                               count=cube.shape[2], dtype="float32", nodata=-9999.0) as dst:
+                dst.write(np.moveaxis(cube, -1, 0))
+            inp = tmp_path / "in.tif"
+    label_map, probs = _predict(run, inp, tmp_path / f"out.{suffix}")
+    _check(label_map, probs, *_oracle(run, tmp_path))
+
+
+def test_training_skips_nodata_in_its_statistics_and_refuses_labelled_nodata(run: dict[str, object], tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(run["root"])
+    state = torch.load(Path(run["run"]) / "checkpoints" / "best.pt", weights_only=True)
+    train = np.load(Path(run["run"]) / "splits.npz")["train"] > 0
+    cube = np.asarray(run["cube"], dtype=np.float64)
+    np.testing.assert_allclose(state["data_state"]["normaliser"]["shift"].numpy(), cube[train].mean(0), rtol=1e-6)
+    holed = np.array(run["cube"])
+    gt = np.array(run["gt"])
+    r, c = np.argwhere(gt > 0)[0]
+    holed[r, c, 0] = np.nan
+    scipy.io.savemat(tmp_path / "scene.mat", {"cube": holed, "labels": gt})
+    cfg = (root / "tiny.yaml").read_text().replace("source: scene.mat", f"source: {tmp_path / 'scene.mat'}")
+    (tmp_path / "t.yaml").write_text(cfg)
+    assert main(["train", "-c", str(tmp_path / "t.yaml"), "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "1 labelled pixel(s) are no-data" in err and f"row {r}, column {c}" in err
+    assert not (tmp_path / "r").exists()
