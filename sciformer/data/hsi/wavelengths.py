@@ -34,6 +34,7 @@ from sciformer.errors import DataError
 MICROMETRE_LIMIT = 30.0  # unit-less centres all below this are micrometres
 MAX_TEXT_BYTES = 8 * 2**20  # an ENVI header or a band-centre list (a real one is a few kB; parsing costs ~20x its size)
 TOLERANCE_NM = 1.0  # two band sets are the same when every centre agrees within this
+MIN_NM, MAX_NM = 10.0, 1e6  # plausible band centres (nm) after unit conversion: extreme UV to far infrared
 
 # ENVI 'wavelength units' spellings -> factor to nm (lower case, spaces removed)
 _FACTORS = {
@@ -89,6 +90,9 @@ def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | No
         factor = 1e3 if finite.size and float(np.abs(finite).max()) < MICROMETRE_LIMIT else 1.0
         return arr * factor
     if key in _WAVENUMBER:
+        if np.any(arr <= 0):
+            raise DataError(f"{where}: wavenumber {float(arr[arr <= 0][0]):g} cm^-1 has no wavelength; "
+                            "expected positive wavenumbers")
         with np.errstate(divide="ignore"):
             return np.where(arr > 0, 1e7 / np.where(arr > 0, arr, 1.0), np.nan)  # cm^-1 -> nm
     if key not in _FACTORS:
@@ -96,16 +100,21 @@ def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | No
     return arr * _FACTORS[key]
 
 
-def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Exception] = DataError) -> np.ndarray:
+def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Exception] = DataError, *,
+                      plausible: bool = True) -> np.ndarray:
     """``values`` as a float64 (B,) array after the checks every source shares.
 
-    Finite, positive and (when ``bands`` is given) exactly one value per band; each
-    failure is a one-line ``error`` naming ``where``.
+    One column, finite, positive, (when ``bands`` is given) exactly one value per band and,
+    unless not ``plausible``, :func:`check_plausible`; each failure is a one-line ``error``
+    naming ``where``.
     """
     try:
-        arr = np.asarray(values, dtype=np.float64).reshape(-1)  # (B,)
+        arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         raise error(f"{where}: expected a list of numbers (band centres in nm)") from None
+    if sum(n > 1 for n in arr.shape) > 1:  # a (B, 2) table: band numbers and centres, or centres and widths
+        raise error(f"{where}: a table of shape {arr.shape}; expected one column of band centres (nm), one per band")
+    arr = arr.reshape(-1)  # (B,)
     if arr.size == 0:
         raise error(f"{where}: no wavelengths given; expected one band centre (nm) per band")
     if not np.all(np.isfinite(arr)):
@@ -114,16 +123,28 @@ def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Ex
         raise error(f"{where}: wavelengths must be positive (nm); found {float(arr.min()):g}")
     if bands is not None and arr.size != bands:
         raise error(f"{where}: {arr.size} wavelengths for a cube of {bands} bands; expected one band centre per band")
+    return arr if not plausible else check_plausible(arr, where, error)
+
+
+def check_plausible(arr: np.ndarray, where: str, error: type[Exception] = DataError) -> np.ndarray:
+    """``arr`` (B,) nm after checking every centre lies in :data:`MIN_NM`..:data:`MAX_NM` and none repeats."""
+    if float(arr.min()) < MIN_NM or float(arr.max()) > MAX_NM:
+        bad = float(arr.min()) if float(arr.min()) < MIN_NM else float(arr.max())
+        raise error(f"{where}: band centre {bad:g} nm lies outside {MIN_NM:g}-{MAX_NM:g} nm; are the units right?")
+    if np.unique(arr).size != arr.size:
+        ordered = np.sort(arr)
+        twice = float(ordered[np.nonzero(np.diff(ordered) == 0)[0][0]])
+        raise error(f"{where}: band centre {twice:g} nm is given more than once; each band needs its own centre")
     return arr
 
 
 def given_nanometres(values: Any, bands: int | None, where: str, error: type[Exception] = DataError) -> np.ndarray:
     """Wavelengths a user typed (YAML, ``--wavelengths``, API): checked, in nm, never micrometres."""
-    arr = check_wavelengths(values, bands, where, error)
+    arr = check_wavelengths(values, bands, where, error, plausible=False)
     if float(arr.max()) < MICROMETRE_LIMIT:
         raise error(f"{where}: values {float(arr.min()):g}..{float(arr.max()):g} look like micrometres; "
                     "give band centres in nanometres (multiply by 1000)")
-    return arr
+    return check_plausible(arr, where, error)
 
 
 def same_wavelengths(a: np.ndarray | None, b: np.ndarray | None, tol: float = TOLERANCE_NM) -> bool:
@@ -131,7 +152,7 @@ def same_wavelengths(a: np.ndarray | None, b: np.ndarray | None, tol: float = TO
     if a is None or b is None:
         return a is None and b is None
     a, b = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
-    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol))
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol + 1e-6 * np.maximum(1.0, np.abs(a))))  # + rounding (float32 centres in checkpoints)
 
 
 def ascending_order(wl: np.ndarray, where: str, error: type[Exception] = DataError) -> np.ndarray | None:
@@ -180,7 +201,7 @@ def read_wavelength_spec(spec: str | Sequence[float] | np.ndarray, where: str = 
     if not isinstance(spec, str):
         return given_nanometres(spec, None, where)
     text = spec.strip()
-    if re.fullmatch(r"[\s,;0-9.eE+-]+", text) and re.search(r"[\s,;]", text):  # '400,410,...' (not a file '400')
+    if re.fullmatch(r"[\s,;0-9.eE+-]+|[\s,;0-9.eE+naNifINF-]+", text) and re.search(r"[\s,;]", text):  # '400,410,...' (not a file '400')
         try:
             values = [float(t) for t in re.split(r"[\s,;]+", text) if t]
         except ValueError:
@@ -231,7 +252,14 @@ def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
         if suffix == ".npy":
             values = np.load(path, allow_pickle=False)
         else:
-            values = [float(t) for t in re.split(r"[\s,;]+", path.read_text()) if t]
+            text = path.read_text()
+            rows = [r for r in (re.split(r"[\s,;]+", line.strip()) for line in text.splitlines()) if r != [""]]
+            if len(rows) > 1 and all(len([t for t in r if t]) == len([t for t in rows[0] if t]) > 1 for r in rows):
+                raise DataError(f"{label}: a table of {len(rows)} rows of {len([t for t in rows[0] if t])} numbers; "
+                                "expected one band centre (nm) per line, or one line of centres")
+            values = [float(t) for t in re.split(r"[\s,;]+", text) if t]
+    except DataError:
+        raise
     except (OSError, ValueError) as exc:
         raise DataError(f"{label}: cannot read band centres ({' '.join(str(exc).split())[:120]}); "
                         "expected .hdr, .npy or numbers in nm separated by commas or spaces") from None

@@ -256,3 +256,40 @@ def test_mixed_case_header_keys_are_read_without_a_warning(tmp_path: Path) -> No
         np.testing.assert_allclose(read_scene(header, labels="none").wavelengths, np.round(wl_nm, 4))
         np.testing.assert_allclose(read_wavelength_spec(str(header)), np.round(wl_nm, 4))  # --wavelengths HDR
         assert georef_from_envi_header(header) is not None  # predict reads the header's georeference too
+
+
+def test_a_shift_of_exactly_one_nanometre_is_the_same_band_set() -> None:
+    """'more than 1 nm' differ: 401.0 - 400.0 in floating point must not count as more."""
+    from sciformer.data.hsi.wavelengths import same_wavelengths
+
+    wl = np.array([434.71, 966.55, 1737.62, 2398.9])
+    stored = wl.astype(np.float32).astype(np.float64)  # a checkpoint keeps the training centres as float32
+    assert same_wavelengths(stored, wl + 1.0) and same_wavelengths(wl + 1.0, stored)
+    assert not same_wavelengths(stored, wl + 1.01)
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    ("1 400\n2 500\n3 600\n", "table of 3 rows of 2 numbers"),
+    ("400,nan,600", "NaN or infinite"),
+    ("500,500,600", "500 nm is given more than once"),
+    ("5,6,7000", "5 nm lies outside"),
+    ("400,500,2e6", "2e\\+06 nm lies outside"),
+])
+def test_implausible_band_centre_lists_are_refused(tmp_path: Path, content: str, match: str) -> None:
+    spec = content
+    if "\n" in content:
+        (tmp_path / "wl.txt").write_text(content)
+        spec = str(tmp_path / "wl.txt")
+    with pytest.raises(DataError, match=match):
+        read_wavelength_spec(spec)
+
+
+def test_a_two_column_array_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "wl.npy", np.array([[400.0, 10.0], [500.0, 10.0], [600.0, 10.0]]))
+    with pytest.raises(DataError, match=r"table of shape \(3, 2\)"):
+        read_wavelength_spec(str(tmp_path / "wl.npy"))
+
+
+def test_a_wavenumber_of_zero_is_named() -> None:
+    with pytest.raises(DataError, match="wavenumber 0 cm\\^-1 has no wavelength"):
+        to_nanometres([0.0, 20000.0], "Wavenumber", "x.hdr")
