@@ -154,6 +154,10 @@ def test_evaluate_applies_the_same_rules(runs: dict[str, Path], tmp_path: Path, 
     assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "w"), *scene, listing]) == 0
     metrics = json.loads((tmp_path / "w" / "metrics.json").read_text())
     assert 0.0 <= metrics["oa"] <= 1.0
+    # the new scene's file names no class: the table names the model's classes, as its checkpoint does
+    trained = torch.load(runs["wavelength"] / "checkpoints" / "best.pt", weights_only=True)["data_state"]["class_names"]
+    rows = (tmp_path / "w" / "per_class.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[1] for r in rows] == list(trained) and trained[0] == load_indian_pines().class_names[0]
 
 
 @pytest.mark.parametrize("source", ["wavelength", "index"])

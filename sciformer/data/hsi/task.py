@@ -57,13 +57,7 @@ from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels, refuse_labelle
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
 from sciformer.data.hsi.predict import predict_hsi_file
-from sciformer.data.hsi.readers import (
-    Scene,
-    open_container,
-    read_labels,
-    read_scene,
-    validate_labels,
-)
+from sciformer.data.hsi.readers import Scene, open_container, read_labels, read_scene, validate_labels
 from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
 from sciformer.data.hsi.wavelengths import bands_ascending
 from sciformer.errors import ConfigError, DataError
@@ -309,12 +303,16 @@ class HSISceneTask(TaskData):
         return state
 
     def match_checkpoint(self, state: dict[str, Any], *, allow_band_mismatch: bool = False) -> None:
-        """Check this scene's band set against a checkpoint's (:func:`~sciformer.data.hsi.bandmatch.plan_bands`)
-        and feed the model the band centres the rules pick."""
+        """Check this scene's band set against a checkpoint's (:func:`~sciformer.data.hsi.bandmatch.plan_bands`),
+        feed the model the band centres the rules pick, and name the classes as the checkpoint
+        does (unless ``data.class_names`` is given)."""
         wl = None if self.normalizer.pca_components is not None else self.wavelengths
         plan = plan_bands(TrainedBands.from_state(state), self.facts.bands, wl, self.facts.source,
                           allow_mismatch=allow_band_mismatch)
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
+        names = [str(n) for n in state.get("class_names") or []]
+        if self.cfg.class_names is None and len(names) == len(self.class_names):  # the model's classes, by its names
+            self.class_names = self.info.class_names = names
 
     def save_artifacts(self, run_dir: Path) -> None:
         run_dir = Path(run_dir)
