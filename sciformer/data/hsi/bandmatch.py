@@ -152,3 +152,13 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
             raise DataError(f"{detail}; pass --allow-band-mismatch (allow_band_mismatch=True in Python) to run anyway")
         return BandPlan(None, notes=[f"WARNING: {detail}: the predictions may be meaningless (--allow-band-mismatch)"])
     return BandPlan(None)
+
+
+def checkpoint_order(trained: np.ndarray | None, wl: np.ndarray) -> np.ndarray | None:
+    """For a checkpoint trained on bands out of ascending order (before bands were sorted) and
+    an input of the same band set in ascending order ``wl``: the permutation that puts the
+    input's bands in the checkpoint's order. None otherwise (nothing to do)."""
+    if trained is None or not np.any(np.diff(trained) < 0):
+        return None
+    placed = np.argsort(trained, kind="stable")  # trained[placed] ascending
+    return np.argsort(placed, kind="stable") if same_wavelengths(wl, trained[placed]) else None

@@ -13,7 +13,7 @@ from sciformer.contracts import (
     PredictFn,
     PredictOptions,
 )
-from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
+from sciformer.data.hsi.bandmatch import TrainedBands, checkpoint_order, input_wavelengths, plan_bands
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import HSISceneConfig
 from sciformer.data.hsi.export import (
@@ -39,7 +39,7 @@ from sciformer.data.hsi.readers import (
     read_labels,
     read_scene,
 )
-from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec, same_wavelengths
+from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.errors import DataError
 from sciformer.utils.progress import progress
@@ -83,11 +83,9 @@ def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None
             cube = np.ascontiguousarray(np.take(cube, order, axis=-1))
         return cube, wl
     cube, wl, _ = bands_ascending(cube, wl, f"{where}: band centres")
-    if trained is not None and np.any(np.diff(trained) < 0):
-        placed = np.argsort(trained, kind="stable")  # trained[placed] ascending
-        if same_wavelengths(wl, trained[placed]):
-            back = np.argsort(placed, kind="stable")  # ascending -> the checkpoint's order
-            cube, wl = np.ascontiguousarray(np.take(cube, back, axis=-1)), wl[back]
+    back = checkpoint_order(trained, wl)  # ascending -> an older checkpoint's order
+    if back is not None:
+        cube, wl = np.ascontiguousarray(np.take(cube, back, axis=-1)), wl[back]
     return cube, wl
 
 

@@ -49,7 +49,7 @@ from sciformer.contracts import (
     ScoreFn,
     TaskData,
 )
-from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
+from sciformer.data.hsi.bandmatch import TrainedBands, checkpoint_order, input_wavelengths, plan_bands
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import AugmentConfig, HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
@@ -306,8 +306,13 @@ class HSISceneTask(TaskData):
         """Check this scene's band set against a checkpoint's (:func:`~sciformer.data.hsi.bandmatch.plan_bands`),
         feed the model the band centres the rules pick, and name the classes as the checkpoint
         does (unless ``data.class_names`` is given)."""
+        trained = TrainedBands.from_state(state)
+        back = None if self.wavelengths is None else checkpoint_order(trained.wavelengths, self.wavelengths)
+        if back is not None and self.normalizer.pca_components is None:  # an older checkpoint's band order
+            self.padded.copy_(self.padded[torch.as_tensor(back)])  # in place: datasets made already share it
+            self.wavelengths = self.wavelengths[back]
         wl = None if self.normalizer.pca_components is not None else self.wavelengths
-        plan = plan_bands(TrainedBands.from_state(state), self.facts.bands, wl, self.facts.source,
+        plan = plan_bands(trained, self.facts.bands, wl, self.facts.source,
                           allow_mismatch=allow_band_mismatch)
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
         names = [str(n) for n in state.get("class_names") or []]

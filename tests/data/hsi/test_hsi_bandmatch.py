@@ -113,3 +113,15 @@ def test_band_options_are_refused_by_other_predictors(tmp_path: Path) -> None:
         start_prediction("hsi_scene", opts, tmp_path / "a.npy", tmp_path / "b.npy", (".npy",),
                          accept=("wavelengths", "allow_band_mismatch"))
     assert PredictOptions(wavelengths=np.array([[500.0], [600.0]])).wavelengths == (500.0, 600.0)
+
+
+def test_an_older_checkpoint_out_of_order_gets_its_own_order_back() -> None:
+    """Checkpoints written before bands were sorted hold the file's order (AVIRIS overlaps near
+    700 nm); an input of that band set, sorted, is put back in that order."""
+    from sciformer.data.hsi.bandmatch import checkpoint_order
+
+    trained = np.array([400.0, 410.0, 696.5, 686.9, 700.0, 1000.0])
+    back = checkpoint_order(trained, np.sort(trained))
+    np.testing.assert_array_equal(np.sort(trained)[back], trained)
+    assert checkpoint_order(np.sort(trained), np.sort(trained)) is None  # sorted checkpoints: nothing to do
+    assert checkpoint_order(trained, np.sort(trained) + 50.0) is None  # another band set: ascending order
