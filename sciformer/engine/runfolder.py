@@ -278,6 +278,11 @@ def check_resume_state(state: dict[str, Any], where: str) -> dict[str, Any]:
     for key in ("optimizer", "scheduler"):
         if not isinstance(state.get(key), dict):
             raise CheckpointError(f"checkpoint '{where}': '{key}' is malformed; expected a state mapping")
+    data = state.get("data_state") or {}
+    wl = data.get("wavelengths")
+    if wl is not None and not data.get("bands_ascending") and any(b < a for a, b in zip(list(wl)[:-1], list(wl)[1:])):
+        raise CheckpointError(f"checkpoint '{where}': trained on bands out of wavelength order, which runs now sort; "
+                              f"it cannot be resumed: train a new run (--init-from {where} to start from its weights)")
     return out
 
 
