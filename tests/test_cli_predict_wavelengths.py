@@ -190,3 +190,13 @@ def test_two_bands_of_one_centre_are_refused(runs: dict[str, Path], tmp_path: Pa
     np.save(tmp_path / "c.npy", np.ones((5, 5, 4), np.float32))
     assert predict(runs["wavelength"], tmp_path / "c.npy", tmp_path / "m.npy", "--wavelengths", ",".join(map(str, wl))) == 2
     assert re.search(r"bands 0 and 2 have the same centre|400.02 nm is given more than once", one_error_line(capsys))
+
+
+
+def test_evaluate_without_centres_runs_at_the_checkpoints(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Same band count, no centres in the file: the model (placed by wavelength) is built and run at
+    the checkpoint's centres, as by predict."""
+    root = runs["root"]
+    scene = [f"data.source={root / 'full.npy'}", f"data.label_path={root / 'gt.npy'}"]
+    assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "a"), *scene]) == 0
+    assert 0.0 <= json.loads((tmp_path / "a" / "metrics.json").read_text())["oa"] <= 1.0

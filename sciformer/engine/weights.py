@@ -191,14 +191,16 @@ def check_data_fits(state: dict[str, Any], exp: Any, info: Any, where: str | Pat
 
     from sciformer.engine import builders
 
+    trained_wl = (state.get("data_info") or {}).get("wavelengths")  # a scene without centres runs at the checkpoint's
+    shaped = info if info.wavelengths is not None or trained_wl is None else dataclasses.replace(info, wavelengths=trained_wl)
     with torch.random.fork_rng(devices=[]):
         try:
             with torch.device("meta"):
-                model = builders.build_model(exp, info)
+                model = builders.build_model(exp, shaped)
         except SciformerError:
             raise
         except Exception:  # noqa: BLE001 - a builder that needs real tensors: build it on the CPU
-            model = builders.build_model(exp, info)
+            model = builders.build_model(exp, shaped)
     info_dict = dataclasses.asdict(info)
     check_fits(model.state_dict(), state, where, exp.to_dict(), info_dict)
     classes = (state.get("data_info") or {}).get("num_classes")

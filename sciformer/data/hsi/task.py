@@ -306,14 +306,14 @@ class HSISceneTask(TaskData):
         """Check this scene's band set against a checkpoint's (:func:`~sciformer.data.hsi.bandmatch.plan_bands`),
         feed the model the band centres the rules pick, and name the classes as the checkpoint
         does (unless ``data.class_names`` is given)."""
-        trained = TrainedBands.from_state(state)
-        back = None if self.wavelengths is None else checkpoint_order(trained.wavelengths, self.wavelengths)
+        trained, order = TrainedBands.from_state(state), state.get("band_order")  # order: the training file's
+        back = checkpoint_order(trained.wavelengths, self.wavelengths) if self.wavelengths is not None else \
+            (None if order is None or len(order) != self.facts.bands else np.asarray(order))  # no centres: as trained
         if back is not None and self.normalizer.pca_components is None:  # an older checkpoint's band order
             self.padded.copy_(self.padded[torch.as_tensor(back)])  # in place: datasets made already share it
-            self.wavelengths = self.wavelengths[back]
+            self.wavelengths = None if self.wavelengths is None else self.wavelengths[back]
         wl = None if self.normalizer.pca_components is not None else self.wavelengths
-        plan = plan_bands(trained, self.facts.bands, wl, self.facts.source,
-                          allow_mismatch=allow_band_mismatch)
+        plan = plan_bands(trained, self.facts.bands, wl, self.facts.source, allow_mismatch=allow_band_mismatch)
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
         names = [str(n) for n in state.get("class_names") or []]
         if self.cfg.class_names is None and len(names) == len(self.class_names):  # the model's classes, by its names

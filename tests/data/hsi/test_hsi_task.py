@@ -346,3 +346,18 @@ def test_noise_augmentation_spread_and_eval_untouched(scene_dir):
     ref = build(tmp_path, split=split, augment=False).dataset("val")
     assert torch.equal(val[0]["patch"], ref[0]["patch"])
     assert "illumination=0.2" in repr(build(tmp_path, split=split, augment={"illumination": 0.2}).dataset("train"))
+
+
+def test_a_scene_without_centres_is_evaluated_in_the_training_files_order(scene_dir) -> None:
+    """A checkpoint trained on bands sorted by centre records the file's order (band_order); a
+    scene without centres (same band count) is fed in that order. Oracle: the cube indexed by it."""
+    tmp_path, cube, gt, _ = scene_dir
+    scipy.io.savemat(tmp_path / "plain.mat", {"cube": cube, "gt": gt.astype(np.uint8)})
+    task = build_hsi_scene(HSISceneConfig(source="plain.mat"), BuildContext(base_dir=tmp_path, seed=0))
+    before = task.padded.clone()
+    order = np.array([3, 1, 0, 2, 7, 6, 5, 4])
+    state = {**task.state(), "wavelengths": torch.linspace(400.0, 1100.0, 8), "band_order": torch.as_tensor(order),
+             "bands_ascending": True, "position_source": "wavelength"}
+    task.match_checkpoint(state)
+    torch.testing.assert_close(task.padded, before[torch.as_tensor(order)])
+    torch.testing.assert_close(task.make_batch(task.padded[None, :, :3, :3])["wavelength"], state["wavelengths"])
