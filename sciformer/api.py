@@ -353,7 +353,9 @@ def pretrain(
     included; no label enters the objective), ``"train"`` on the training pixels only.
     """
     from sciformer.engine.pretrain import PretrainSettings, pretrain_config
+    from sciformer.utils.ranks import check_one_process
 
+    check_one_process("pretrain")  # under torchrun every process would run it whole
     settings = PretrainSettings(epochs=epochs, mask_ratio=mask_ratio, band_group=band_group, pixel_ratio=pixel_ratio, pixels=pixels)
     source = dict(config) if isinstance(config, Mapping) else config
     return pretrain_config(source, _override_list(overrides), settings, output_dir=output_dir, seed=seed, base_dir=base_dir)

@@ -39,6 +39,8 @@ class QKVProjection(nn.Module):
         x: (..., D) -> q, k, v: each (..., D)
     """
 
+    still_key_bias = False  # class default: a module pickled before the attribute existed
+
     def __init__(self, dim: int, bias: bool = True, still_key_bias: bool = False) -> None:
         super().__init__()
         self.dim = dim

@@ -82,7 +82,7 @@ def narrow_positions(pos: Tensor, dtype: torch.dtype) -> Tensor:
     Shapes:
         pos: (N, 3) -> (N, 3)
     """
-    if pos.dtype == dtype or pos.shape[0] == 0 or torch.finfo(pos.dtype).bits <= torch.finfo(dtype).bits:
+    if pos.dtype == dtype or pos.shape[0] == 0 or not pos.is_floating_point() or torch.finfo(pos.dtype).bits <= torch.finfo(dtype).bits:
         return pos.to(dtype)
     fixed = pos.detach()
     finite = fixed.isfinite()  # (N, 3): a NaN row must not move every other row

@@ -31,7 +31,9 @@ from sciformer.geometry.grid_knn import grid_search
 from sciformer.geometry.point_order import is_scattered, spatial_order
 
 _UNION_MAX_MEAN = 8192  # batches of clouds this small on average share one tree
-_UNION_MAX_SPAN = float(1 << 20)  # the shared layout's span over its finest cloud: 20 of 52 bits
+# the shared layout's span over its finest cloud, for float32 / float64 input: it costs that many of
+# float64's 52 bits, 29 (rounding at float32's level) or 20
+_UNION_MAX_SPAN = (float(1 << 29), float(1 << 20))
 _PARALLEL_MIN = 16_384  # queries below this run on one thread (a parallel start costs more)
 
 Tensor = torch.Tensor
@@ -194,22 +196,25 @@ def _kdtree_search(tree_cls: Callable[[np.ndarray], Any], scipy_like: bool) -> S
         """Many small clouds: one tree over the clouds shifted apart; cross-cloud hits dropped.
 
         Only a cloud smaller than ``k``, or a radius reaching past the gap between clouds,
-        can see another cloud's points, always behind all of its own. float64 distances are
-        taken again from the unshifted points. None (search cloud by cloud) where the layout
-        would round a cloud's points: one cloud far larger than another, or a far stray point.
+        can see another cloud's points, always behind all of its own. Distances are taken again
+        from the unshifted points for float64 and for a radius (whose bound the layout's
+        rounding must not decide: the tree searches a hair wider). None (search cloud by
+        cloud) where the layout would round a cloud's points beyond the input's precision:
+        one cloud far larger than another, or a far stray point.
         """
         s_shift, q_shift, max_diag, span = _shift_apart(qn, sn, q_sizes, s_sizes, same)
-        if not span <= _UNION_MAX_SPAN:  # NaN spans too: cloud by cloud
+        if not span <= _UNION_MAX_SPAN[qn.dtype == np.float64]:  # NaN spans too: cloud by cloud
             return None
+        wider = None if radius is None else radius * (1 + 1e-9) + max_diag * span * 2.0**-50
         # stored order: small clouds fit in cache, reordering them does not pay
-        index, dist = search(q_shift, s_shift, k, radius, same, None, None, search_threads(qn.shape[0]))
+        index, dist = search(q_shift, s_shift, k, wider, same, None, None, search_threads(qn.shape[0]))
         if not (min(s_sizes) >= k and (radius is None or radius < 2 * max_diag)):
             s_ends = np.cumsum(s_sizes)
             lo = np.repeat(s_ends - np.asarray(s_sizes), q_sizes)[:, None]  # (M, 1) first support index
             hi = np.repeat(s_ends, q_sizes)[:, None]
             other = (index < lo) | (index >= hi)  # another cloud, or already missing (-1)
             index[other], dist[other] = -1, np.inf
-        if qn.dtype == np.float64:  # the layout's rounding (up to 2^-32 of the finest cloud) shows in float64
+        if qn.dtype == np.float64 or radius is not None:  # the layout's rounding shows in float64 and at the bound
             return _exact_rows(qn, sn, index, radius)
         return index, dist.astype(qn.dtype, copy=False)
 
@@ -280,30 +285,38 @@ def _scipy_search(*args: Any) -> tuple[Tensor, Tensor]:
 
 
 def _brute_cloud(q: Tensor, s: Tensor, k: int, radius: float | None) -> tuple[Tensor, Tensor]:
-    """Chunked brute force: rank by ``|s|^2 - 2 q.s`` (one matmul), then recompute exactly.
+    """Chunked brute force: every query-support distance, the k smallest kept (``topk``).
 
-    The ranking runs in float64 whatever the input: in float32 the two terms cancel as soon as
-    a cloud is large against its point spacing (two 1 mm clusters 1 km apart, a 5 mm object in
-    a 100 m tile), and the top k of the cancelled values are not the nearest points.
+    Up to 3 dimensions (point clouds) the distances are summed from coordinate differences
+    (``cdist`` without its matrix-product form), in the input's precision: the difference of
+    two nearby coordinates is exact, so no cloud is too large against its spacing. Above,
+    the ranking is ``|s|^2 - 2 q.s`` (one matrix product) in float64 around the median, and the
+    k kept get their distances recomputed from differences; that form cancels for clusters
+    far apart against their spread (float64 holds 1 mm clusters 1 km apart, not 100 km).
     """
-    rank_dtype = torch.float64
-    # centring limits cancellation in the ranking; the median, since one far outlier would move
-    # the mean so far that every other point's |s|^2 swamps its distances (all neighbours wrong)
-    center = s.to(rank_dtype).median(dim=0, keepdim=True).values  # (1, D)
-    sc, qc = s.to(rank_dtype) - center, q.to(rank_dtype) - center
-    s_sq = sc.square().sum(dim=1).unsqueeze(0)  # (1, n)
-    budget = 1 << (25 if q.is_cuda else 21)  # float64 distance-matrix elements per chunk (256 / 16 MiB)
+    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+    direct = q.shape[1] <= 3
+    rank_dtype = work if direct else torch.float64
+    sw, qw = s.to(rank_dtype), q.to(rank_dtype)
+    if not direct:  # the median: one far outlier would move the mean far from every other point
+        center = sw.median(dim=0, keepdim=True).values  # (1, D)
+        sw, qw = sw - center, qw - center
+        s_sq = sw.square().sum(dim=1).unsqueeze(0)  # (1, n)
+    budget = (1 << (26 if q.is_cuda else 22)) // (rank_dtype.itemsize // 4)  # distance-matrix elements per chunk
     chunk = max(1, budget // max(1, s.shape[0]))
     index_parts, dist_parts = [], []
-    for start in range(0, qc.shape[0], chunk):
-        qb = qc[start : start + chunk]  # (c, D)
-        rank = torch.addmm(s_sq, qb, sc.T, alpha=-2.0)  # (c, n): |q-s|^2 - |q|^2
-        idx = rank.topk(k, dim=1, largest=False, sorted=False).indices  # (c, k)
-        d = (qb.unsqueeze(1) - sc[idx]).square().sum(dim=-1).sqrt()  # (c, k) exact
-        d, order = d.sort(dim=1)
-        index_parts.append(idx.gather(1, order))
+    for start in range(0, qw.shape[0], chunk):
+        qb = qw[start : start + chunk]  # (c, D)
+        if direct:
+            d, idx = torch.cdist(qb, sw, compute_mode="donot_use_mm_for_euclid_dist").topk(k, dim=1, largest=False, sorted=True)  # (c, k)
+        else:
+            rank = torch.addmm(s_sq, qb, sw.T, alpha=-2.0)  # (c, n): |q-s|^2 - |q|^2
+            idx = rank.topk(k, dim=1, largest=False, sorted=False).indices  # (c, k)
+            d, order = (qb.unsqueeze(1) - sw[idx]).square().sum(dim=-1).sqrt().sort(dim=1)  # (c, k) exact
+            idx = idx.gather(1, order)
+        index_parts.append(idx)
         dist_parts.append(d)
-    index, dist = torch.cat(index_parts), torch.cat(dist_parts)  # (M, k) float64
+    index, dist = torch.cat(index_parts), torch.cat(dist_parts)  # (M, k)
     if radius is not None:
         miss = dist > radius
         index, dist = index.masked_fill(miss, -1), dist.masked_fill(miss, float("inf"))

@@ -36,7 +36,8 @@ def grid_coordinates(coord: torch.Tensor, grid_size: float, offset: torch.Tensor
     """
     if not grid_size > 0:
         raise ConfigError(f"grid_size: expected a positive voxel edge, got {grid_size}")
-    check_points(coord, "coord", 3)  # a NaN would become cell -2^63 and move its cloud's corner
+    if coord.is_floating_point():  # a NaN would become cell -2^63 and move its cloud's corner
+        check_points(coord, "coord", 3)
     c64 = coord.detach().to(torch.float64)
     if offset is None or offset.numel() <= 1:
         lo = c64.min(dim=0, keepdim=True).values  # (1, 3)

@@ -16,5 +16,14 @@ def check_one_process(command: str) -> None:
     run whole on every process (each writing the same outputs): refused in one line."""
     from sciformer.errors import ConfigError
 
-    if command != "train" and int(os.environ.get("WORLD_SIZE", "1") or "1") > 1:
+    if command != "train" and world_size() > 1:
         raise ConfigError(f"sciformer {command} runs in one process; run it without torchrun (only train spreads over processes)")
+
+
+def world_size() -> int:
+    """torchrun's ``WORLD_SIZE`` (1 when unset, empty or not a whole number: set by something else)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or "1")
+    except ValueError:
+        return 1
+

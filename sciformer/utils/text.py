@@ -80,6 +80,8 @@ class _OutlivingStdout:
 
 def outlive_closed_stdout() -> None:
     """Make ``sys.stdout`` survive its reader going away (see :class:`_OutlivingStdout`); once per process."""
-    if not isinstance(sys.stdout, _OutlivingStdout) and sys.stdout is not None:
+    if sys.stdout is None:  # started with stdout closed (>&-): output goes nowhere, the run goes on
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    elif not isinstance(sys.stdout, _OutlivingStdout):
         sys.stdout = _OutlivingStdout(sys.stdout)
 

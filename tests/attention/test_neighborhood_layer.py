@@ -259,3 +259,10 @@ def test_float64_map_coordinates_beside_float32_features(kind: str, memory_effic
     near = layer(x, local, idx)
     far = layer(x, local + torch.tensor([512_345.678, 5_432_109.876, 123.0], dtype=torch.float64), idx)
     torch.testing.assert_close(far, near, atol=1e-4, rtol=1e-4)
+
+
+def test_integer_positions_are_taken() -> None:
+    x, pos = torch.randn(32, 8), torch.randint(0, 50, (32, 3))
+    idx = torch.cdist(pos.double(), pos.double()).topk(4, largest=False).indices
+    out = PointTransformerLayer(8, 8)(x, pos, idx)
+    assert out.shape == (32, 8) and torch.isfinite(out).all()

@@ -159,3 +159,12 @@ def test_a_lost_peer_is_one_line_that_says_how_to_continue() -> None:
     line = resource_failure(RuntimeError(text))
     assert line is not None and "another process of this run stopped" in line and "--resume" in line
     assert resource_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None  # a bug keeps its traceback
+
+
+@pytest.mark.parametrize("value", ["abc", "1.0", "", "1"])
+def test_a_world_size_torchrun_did_not_set_is_one_process(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sciformer.utils.ranks import check_one_process, world_size
+
+    monkeypatch.setenv("WORLD_SIZE", value)
+    assert world_size() == 1
+    check_one_process("evaluate")  # not refused

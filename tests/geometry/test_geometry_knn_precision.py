@@ -85,3 +85,36 @@ def test_float64_distances_of_many_small_clouds_are_exact(backend: str) -> None:
     idx_ref, ref = knn_oracle(pts, pts, 6, off, off)
     found = knn(torch.from_numpy(pts), None, 6, torch.from_numpy(off), backend=backend)
     np.testing.assert_allclose(found.dist.numpy(), np.concatenate(ref), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("separation", [1e3, 1e4, 1e5])
+def test_brute_force_on_clusters_far_apart_in_float64(separation: float) -> None:
+    """Ranking by |s|^2 - 2 q.s cancels even in float64 once clusters are 1e4-1e5 m apart; the
+    3-D brute force sums coordinate differences instead."""
+    rng = np.random.default_rng(6)
+    pts = np.concatenate([rng.normal(size=(200, 3)) * 1e-3, rng.normal(size=(200, 3)) * 1e-3 + [separation, 0, 0]])
+    off = np.array([len(pts)])
+    _, ref = knn_oracle(pts, pts, 8, off, off)
+    found = knn(torch.from_numpy(pts), None, 8, backend="brute")
+    np.testing.assert_allclose(found.dist.numpy(), ref[0], rtol=1e-9, atol=0)
+    hits = radius(torch.from_numpy(pts), None, 3e-4, 16, backend="brute")
+    tree = radius(torch.from_numpy(pts), None, 3e-4, 16, backend="scipy")
+    assert int((hits.index >= 0).sum()) == int((tree.index >= 0).sum())
+
+
+@pytest.mark.parametrize("backend", KD_BACKENDS)
+def test_points_exactly_at_the_radius_in_a_batch_of_clouds(backend: str) -> None:
+    """Lattices of spacing r: the axis neighbours lie at r (up to the coordinates' rounding); the
+    layout of many clouds in one tree must not decide the bound by its own rounding."""
+    rng = np.random.default_rng(1)
+    for _ in range(25):
+        rng.normal(size=3)
+    h = 2.9
+    lattice = np.stack(np.meshgrid(*[np.arange(4)] * 3, indexing="ij"), -1).reshape(-1, 3) * h
+    pts = np.concatenate([lattice + rng.normal(size=3) * 1000 * (b + 1) for b in range(5)])
+    off = np.cumsum([64] * 5)
+    d = np.sqrt(np.square(pts[:, None] - pts[None]).sum(-1))
+    same = np.kron(np.eye(5, dtype=bool), np.ones((64, 64), dtype=bool))
+    expected = ((d <= h) & same).sum(1)
+    found = radius(torch.from_numpy(pts), None, h, 64, torch.from_numpy(off), backend=backend)
+    np.testing.assert_array_equal((found.index >= 0).sum(1).numpy(), expected)
