@@ -214,9 +214,15 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
         raise CheckpointError(str(exc)) from None
     with open(path, "rb") as handle:
         _check_container(handle, path)
+        handle.seek(0)
+        head = handle.read(4)
+        if head != b"PK\x03\x04" and head[:1] != b"\x80":  # neither torch's zip nor its legacy pickle
+            raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file")
         try:
             str(path).encode("utf-8")  # torch's memory map takes a UTF-8 name; another name is read whole
         except UnicodeEncodeError:
+            head = b""
+        if head != b"PK\x03\x04":  # torch's legacy format, or that name: read whole
             handle.seek(0)
             data = _torch_load(handle, path)
         else:

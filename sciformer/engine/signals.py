@@ -108,6 +108,24 @@ def outputs_complete() -> None:
         quiet_signals()
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT/SIGTERM wait until the block ends (main thread): a few renames that must all happen
+    or none; a signal that came meanwhile is raised as KeyboardInterrupt after the block."""
+    if not _main_thread():
+        yield
+        return
+    came: list[int] = []
+    saved = {sig: signal.signal(sig, lambda signum, frame: came.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if came and all(h not in (signal.SIG_IGN, None) for h in saved.values()):
+        raise KeyboardInterrupt
+
+
 def quiet_signals() -> None:
     """Ignore SIGINT/SIGTERM from now on (the process is reporting and exiting)."""
     if _main_thread():

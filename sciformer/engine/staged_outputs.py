@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from sciformer.engine.folder_lock import missing_folders, remove_empty_folders
+from sciformer.engine.signals import outputs_complete, signals_held
 from sciformer.errors import SciformerError
 from sciformer.utils.atomic import STAGE_MARK
 
@@ -58,9 +60,13 @@ class StagedOutputs:
         for _, target in moves:
             if target.is_dir() and not target.is_symlink():
                 raise SciformerError(f"--output '{target}' became a folder while predicting")
-        for staged, target in moves:
-            os.replace(staged, target)
-        self.discard(created_too=False)
+        outputs_complete()  # every output is made: a signal from here on cannot make the command look failed
+        with signals_held():  # and, where it still counts (a script calling main), not half the set replaced
+            for staged, target in moves:
+                with contextlib.suppress(FileNotFoundError):  # a replaced file keeps its permission bits
+                    os.chmod(staged, stat.S_IMODE(os.stat(target).st_mode))
+                os.replace(staged, target)
+            self.discard(created_too=False)
         return [self.shown[target.parent] / target.name for _, target in moves]
 
     def discard(self, *, created_too: bool = True) -> None:

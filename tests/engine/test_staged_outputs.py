@@ -1,0 +1,50 @@
+"""predict's outputs as one set (engine/staged_outputs.py): replaced files keep their permission
+bits, and a signal during the final renames waits until every file is in place."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+
+import pytest
+
+from sciformer.engine import staged_outputs as staging
+
+
+def _stage(tmp_path: Path, names: list[str]) -> staging.StagedOutputs:
+    outputs = staging.StagedOutputs()
+    for name in names:
+        outputs.path(tmp_path / "out" / name).write_text(f"new {name}")
+    return outputs
+
+
+def test_a_replaced_output_keeps_its_permission_bits(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    old = tmp_path / "out" / "a.las"
+    old.write_text("old")
+    old.chmod(0o640)
+    _stage(tmp_path, ["a.las", "b.las"]).publish(overwrite=True)
+    assert old.read_text() == "new a.las"
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640
+
+
+def test_a_signal_during_the_renames_leaves_the_whole_new_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "out").mkdir()
+    for name in ("a", "b", "c"):
+        (tmp_path / "out" / name).write_text("old")
+    outputs = _stage(tmp_path, ["a", "b", "c"])
+    real, calls = os.replace, []
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        real(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the first rename
+
+    monkeypatch.setattr(staging.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.publish(overwrite=True)
+    assert [(tmp_path / "out" / n).read_text() for n in "abc"] == ["new a", "new b", "new c"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a", "b", "c"]  # no stage left
