@@ -139,6 +139,8 @@ def input_sidecars(path: Path) -> list[Path]:
     if path.suffix.lower() == ".hdr":
         stems = [path.with_suffix(""), Path(str(path)[: -len(path.suffix)])]
         return [Path(str(stem) + ext) for stem in stems for ext in _ENVI_DATA]
+    if path.suffix.lower() in INPUT_SUFFIXES:  # read by its suffix's own reader, which pairs no header with it
+        return []
     return [Path(str(path) + ".hdr"), path.with_suffix(".hdr")]
 
 

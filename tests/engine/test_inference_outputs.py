@@ -66,3 +66,14 @@ def test_a_map_beside_a_header_input_may_not_be_its_data_file(tmp_path: Path) ->
     header.write_text("ENVI\n")
     with pytest.raises(SciformerError, match="would be read with input|is an input file"):
         plan_outputs([header], tmp_path / "cube.img", (".npy", ".hdr", ".img"))
+
+
+def test_files_read_by_their_suffix_pair_with_no_header() -> None:
+    """A .npy, .npz, .mat, .lan, GeoTIFF or point file is read by its suffix's reader, which never
+    looks for an ENVI header: an output `scene.hdr` beside `scene.npy` is no sidecar of it."""
+    from sciformer.engine.inference import input_sidecars
+
+    for name in ("sc.npy", "sc.npz", "sc.mat", "g.tif", "g.TIFF", "a.lan", "t.las"):
+        assert input_sidecars(Path(name)) == [], name
+    assert Path("scene.img.hdr") in input_sidecars(Path("scene.img"))
+    assert Path("scene.hdr") in input_sidecars(Path("scene"))

@@ -268,25 +268,44 @@ def _gdal_messages() -> Iterator[list[str]]:
 def _write_checked(rasterio: Any, writer: Callable[[Path], None], tmp: Path, path: Path, expected: np.ndarray) -> None:
     """``writer(tmp)``, then :func:`_check_written`; GDAL's messages become part of the one-line
     error of a failed write (and go to stderr as they were when the file is good)."""
+    failed: Exception | None = None
     with _gdal_messages() as messages:
-        writer(tmp)
+        try:
+            writer(tmp)
+        except (OSError, rasterio.errors.RasterioError) as exc:  # GDAL's reason is in its messages
+            failed = exc
+    if failed is not None:
+        said = [m.strip() for m in messages if m.strip()][:1] or [" ".join(str(failed).split())]
+        raise DataError(f"{path}: the GeoTIFF could not be written ({said[0][:200]}): is the disk full or a file-size limit "
+                        "reached? (no file was written or replaced)")
     _check_written(rasterio, tmp, path, expected, messages)
     if messages:
         print("\n".join(messages), file=sys.stderr)
 
 
 def _check_written(rasterio: Any, tmp: Path, path: Path, expected: np.ndarray, messages: list[str]) -> None:
-    """Read the GeoTIFF just written to ``tmp`` back in full and compare it with ``expected``
-    (bands, H, W): GDAL only logs a failed write (a file-size limit, a full disk) and leaves a
-    truncated file, which must not replace ``path``."""
+    """Read the GeoTIFF just written to ``tmp`` back in full, in blocks of rows (about 32 MiB
+    each: the check's memory stays small whatever the raster's size), and compare it with
+    ``expected`` (bands, H, W): GDAL only logs a failed write (a file-size limit, a full disk)
+    and leaves a truncated file, which must not replace ``path``."""
+    from rasterio.windows import Window
+
+    back: Exception | None = None
     try:
         with _quiet_without_georef(rasterio), rasterio.open(tmp) as src:
-            back = src.read()
+            good = (src.count, src.height, src.width) == expected.shape
+            bands, height, width = expected.shape
+            rows = max(1, (32 << 20) // max(1, bands * width * expected.itemsize))
+            for top in range(0, height if good else 0, rows):
+                block = src.read(window=Window(0, top, width, min(rows, height - top)))  # (bands, r, W)
+                if not np.array_equal(block, expected[:, top : top + rows], equal_nan=expected.dtype.kind == "f"):
+                    good = False
+                    break
     except Exception as exc:  # noqa: BLE001 - any failure to read it back is a failed write
-        back = exc
-    if isinstance(back, np.ndarray) and back.shape == expected.shape and np.array_equal(back, expected, equal_nan=True):
+        back, good = exc, False
+    if good:
         return
-    said = [" ".join(str(back).split())] if isinstance(back, Exception) else []
+    said = [" ".join(str(back).split())] if back is not None else []
     said += [m.strip() for m in messages if m.strip()][:1]
     why = f" ({'; '.join(said)})" if said else ""
     raise DataError(f"{path}: the GeoTIFF was not written completely{why}: is the disk full or a file-size limit reached? "

@@ -130,7 +130,7 @@ def check_plausible(arr: np.ndarray, where: str, error: type[Exception] = DataEr
     """``arr`` (B,) nm after checking every centre lies in :data:`MIN_NM`..:data:`MAX_NM` and none repeats."""
     if float(arr.min()) < MIN_NM or float(arr.max()) > MAX_NM:
         bad = float(arr.min()) if float(arr.min()) < MIN_NM else float(arr.max())
-        raise error(f"{where}: band centre {bad:g} nm lies outside {MIN_NM:g}-{MAX_NM:g} nm; are the units right?")
+        raise error(f"{where}: band centre {bad:.15g} nm lies outside {MIN_NM:g}-{MAX_NM:g} nm; are the units right?")
     if np.unique(arr).size != arr.size:
         ordered = np.sort(arr)
         twice = float(ordered[np.nonzero(np.diff(ordered) == 0)[0][0]])
