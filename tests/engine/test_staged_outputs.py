@@ -44,7 +44,11 @@ def test_a_signal_during_the_renames_leaves_the_whole_new_set(tmp_path: Path, mo
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the first rename
 
     monkeypatch.setattr(staging.os, "replace", replace)
-    with pytest.raises(KeyboardInterrupt):
-        outputs.publish(overwrite=True)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a script (earlier tests may ignore it)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            outputs.publish(overwrite=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [(tmp_path / "out" / n).read_text() for n in "abc"] == ["new a", "new b", "new c"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a", "b", "c"]  # no stage left
