@@ -122,7 +122,7 @@ def signals_held() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-    if came and all(h not in (signal.SIG_IGN, None) for h in saved.values()):
+    if any(saved[sig] not in (signal.SIG_IGN, None) for sig in came):  # a signal that was not ignored before
         raise KeyboardInterrupt
 
 

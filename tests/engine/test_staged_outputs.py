@@ -44,6 +44,7 @@ def test_a_signal_during_the_renames_leaves_the_whole_new_set(tmp_path: Path, mo
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the first rename
 
     monkeypatch.setattr(staging.os, "replace", replace)
+    monkeypatch.setattr("sciformer.engine.signals._PROCESS", False)  # a script calling main (an earlier test may have made it the process)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a script (earlier tests may ignore it)
     try:
         with pytest.raises(KeyboardInterrupt):
