@@ -106,7 +106,16 @@ def map_scores(label_map: np.ndarray, gt: np.ndarray, num_classes: int) -> dict[
     conf = np.bincount(truth * num_classes + pred, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
     support = conf.sum(axis=1)
     acc = np.diag(conf)[support > 0] / support[support > 0]
-    return {"pixels": int(seen.sum()), "oa": float(np.trace(conf) / max(1, conf.sum())), "aa": float(acc.mean()) if len(acc) else 0.0}
+    return {"pixels": int(seen.sum()), "skipped": int(((gt > 0) & (label_map == 0)).sum()),
+            "oa": float(np.trace(conf) / max(1, conf.sum())), "aa": float(acc.mean()) if len(acc) else 0.0}
+
+
+def scores_line(name: str, s: dict[str, float], labels: object) -> str:
+    """The console line of :func:`map_scores` (labelled no-data pixels counted, never scored)."""
+    skipped = f"; {s['skipped']} labelled no-data pixel(s) not scored" if s["skipped"] else ""
+    if not s["pixels"]:
+        return f"{name}: no labelled pixel to score in {labels}{skipped}"
+    return f"{name}: OA {100 * s['oa']:.2f}  AA {100 * s['aa']:.2f} on {s['pixels']} labelled pixels of {labels}{skipped}"
 
 
 def predict_hsi_file(
@@ -183,8 +192,7 @@ def predict_hsi_file(
             bar.close()
     label_map = ids + 1  # 0 (unclassified) on no-data pixels
     if options.labels is not None:
-        s = map_scores(label_map, scene.gt, len(class_names))
-        print(f"{input_path.name}: OA {100 * s['oa']:.2f}  AA {100 * s['aa']:.2f} on {s['pixels']} labelled pixels of {options.labels}")
+        print(scores_line(input_path.name, map_scores(label_map, scene.gt, len(class_names)), options.labels))
     if probs is None:
         return _write_map(output_path, label_map, class_names, scene.gt, georef)
     prob_paths = probability_paths(output_path)  # written first: a map on disk means its probabilities are there too

@@ -117,3 +117,19 @@ def test_training_skips_nodata_in_its_statistics_and_refuses_labelled_nodata(run
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "1 labelled pixel(s) are no-data" in err and f"row {r}, column {c}" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_labels_scores_count_the_no_data_pixels_they_skip() -> None:
+    """`predict --labels`: a labelled no-data pixel has no prediction (0): it is counted as
+    skipped, never scored; with none left, the line says so instead of OA 0.00."""
+    import numpy as np
+
+    from sciformer.data.hsi.predict import map_scores, scores_line
+
+    gt = np.array([[1, 2], [2, 0]])
+    pred = np.array([[1, 0], [1, 2]])  # (0, 1) is no-data
+    s = map_scores(pred, gt, 2)
+    assert (s["pixels"], s["skipped"], s["oa"]) == (2, 1, 0.5)
+    assert scores_line("a.npy", s, "gt.npy") == "a.npy: OA 50.00  AA 50.00 on 2 labelled pixels of gt.npy; 1 labelled no-data pixel(s) not scored"
+    none = map_scores(np.zeros_like(gt), gt, 2)
+    assert scores_line("a.npy", none, "gt.npy") == "a.npy: no labelled pixel to score in gt.npy; 3 labelled no-data pixel(s) not scored"
