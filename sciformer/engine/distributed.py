@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from sciformer.errors import SciformerError
+from sciformer.utils import ranks
 
 _joined = False  # this process joined a process group; unlike dist.is_initialized(), still True after destroy_process_group
 
@@ -69,7 +70,7 @@ class DistContext:
 
 def init_distributed(device_name: str) -> DistContext:
     """Join the process group when launched by torchrun; a no-op for a single process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = ranks.world_size()  # one reading of torchrun's WORLD_SIZE (check_one_process uses it too)
     if world_size <= 1:
         return DistContext()
     global _joined
