@@ -11,9 +11,9 @@ Backends (all return the same neighbour sets up to ties and float rounding):
 - ``"pykdtree"``: KD-tree from the pykdtree package (OpenMP queries); the fastest on CPU.
 - ``"scipy"``: ``scipy.spatial.cKDTree`` with ``workers=-1``; the CPU fallback without pykdtree.
 - ``"kdtree"``: pykdtree when installed, else scipy.
-- ``"brute"``: chunked brute force in torch (``addmm`` + ``topk``, ranked in float64: in
-  float32 the ranking cancels on clouds large against their spacing); any device, the GPU
-  default when torch_cluster is absent (on GPUs slow at float64, install torch_cluster).
+- ``"brute"``: chunked brute force in torch (``topk`` over every distance: up to 3 dimensions
+  summed from coordinate differences in the input's precision, above ranked by one matrix
+  product in float64); any device, the GPU default when torch_cluster is absent.
 - ``"torch_cluster"``: ``torch_cluster.knn`` when that package is installed.
 - ``"auto"``: CPU tensors -> ``"grid"`` in 3-D where compiled (not for a cross-query of
   clouds averaging more than 8192 support points, where the KD-tree measured faster),
