@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -69,6 +70,21 @@ class StagedOutputs:
             self.discard(created_too=False)
         return [self.shown[target.parent] / target.name for _, target in moves]
 
+    def final_names(self, exc: BaseException) -> None:
+        """Name the outputs' final places instead of their stages in ``exc`` (a writer that
+        refuses or fails names the path it was given: the staged one)."""
+        if isinstance(exc, OSError) and isinstance(exc.filename, str):  # printed as "<reason>: '<file>'"
+            exc.filename = self._final_text(exc.filename)
+        elif isinstance(exc, SciformerError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (self._final_text(exc.args[0]),)
+
+    def _final_text(self, text: str) -> str:
+        for folder, stage in self.stages.items():
+            inside = re.escape(f"{stage}{os.sep}") + r"([^\s'\"]*)"  # a staged file: the final file as the command line spelled it
+            text = re.sub(inside, lambda m, shown=self.shown[folder]: str(shown / m.group(1)), text)
+            text = text.replace(str(stage), str(self.shown[folder]))
+        return text
+
     def discard(self, *, created_too: bool = True) -> None:
         """Remove the stages (and, after a failure, the output folders this command created, if empty)."""
         for stage in self.stages.values():
@@ -85,6 +101,7 @@ def staged_outputs() -> Iterator[StagedOutputs]:
     outputs = StagedOutputs()
     try:
         yield outputs
-    except BaseException:
+    except BaseException as exc:
+        outputs.final_names(exc)
         outputs.discard()
         raise

@@ -53,3 +53,29 @@ def test_a_signal_during_the_renames_leaves_the_whole_new_set(tmp_path: Path, mo
         signal.signal(signal.SIGINT, previous)
     assert [(tmp_path / "out" / n).read_text() for n in "abc"] == ["new a", "new b", "new c"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a", "b", "c"]  # no stage left
+
+
+@pytest.mark.parametrize("spelled", ["out", "."])
+def test_an_error_of_a_writer_names_the_final_output_not_its_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   spelled: str) -> None:
+    """A writer names the path it was given (the staged one); the user must read the output they asked for."""
+    from sciformer.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as caught, staging.staged_outputs() as outputs:
+        first = outputs.path(Path(spelled) / "a.tif")
+        first.write_text("partial")
+        second = outputs.path(Path(spelled) / "b map.tif")
+        raise DataError(f"{second}: the GeoTIFF was not written completely (beside {first.parent}); is the disk full?")
+    text = str(caught.value)
+    assert staging.STAGE_PREFIX not in text
+    assert text.startswith(f"{Path(spelled) / 'b map.tif'}: the GeoTIFF was not written completely (beside {spelled});"), text
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(staging.STAGE_PREFIX)]  # the stage is removed
+
+
+def test_a_failed_write_names_the_final_file(tmp_path: Path) -> None:
+    """An OSError (disk full, file-size limit) is printed with its file name: the final one."""
+    with pytest.raises(OSError) as caught, staging.staged_outputs() as outputs:
+        staged = outputs.path(tmp_path / "out" / "map.npy")
+        raise OSError(28, "No space left on device", str(staged))
+    assert caught.value.filename == str(tmp_path / "out" / "map.npy")
