@@ -180,6 +180,7 @@ def expand_inputs(specs: list[str]) -> list[Path]:
 def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *, fmt: str | None = None,
                  overwrite: bool = False, many: bool = False,
                  beside: Callable[[Path], list[Path]] | None = None,
+                 paired: Callable[[Path], list[Path]] | None = None,
                  read_too: list[Path] = ()) -> list[tuple[Path, Path]]:
     """(input, output) pairs, checked before anything is loaded.
 
@@ -190,7 +191,8 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     suffix, a missing parent folder, an output that exists (unless ``overwrite``) and an
     output that is one of the inputs (always: every part of an ENVI pair, :func:`input_parts`,
     and the other files the command reads, ``read_too``: ``--labels``, ``--wavelengths``),
-    an output a reader would pair with an input later (:func:`input_sidecars`, any case),
+    an output a reader would pair with an input later (:func:`input_sidecars`, any case; and
+    ``paired(input)``: e.g. the label file ``data.label_files`` names beside a point file),
     an output that exists as a dangling link (unless ``overwrite``). ``beside(output)`` names the files a
     predictor writes next to an output (e.g. ``--probabilities`` rasters); they are
     checked like the output, and no file may be written twice.
@@ -230,7 +232,8 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                                  "use .ply, .npz or .npy")
     taken = {part.resolve() for p in [*inputs, *read_too] for part in input_parts(p)}
     inodes = {(st.st_dev, st.st_ino) for st in (p.stat() for p in taken if p.exists())}  # hard links, other spellings
-    sidecars = {str(c.resolve()).casefold(): p for p in [*inputs, *read_too] for c in input_sidecars(p)}
+    sidecars = {str(c.resolve()).casefold(): p for p in [*inputs, *read_too]
+                for c in [*input_sidecars(p), *(paired(p) if paired is not None and p in inputs else [])]}
     planned: dict[Path, Path] = {}
     for _, out in pairs:
         written = [out] if out.suffix.lower() not in _ENVI_OUTPUT else [out.with_suffix(".hdr"), out.with_suffix(".img")]  # ENVI: lower case
@@ -244,7 +247,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                 raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
             if str(w.resolve()).casefold() in sidecars:
                 raise SciformerError(f"--output '{w}' would be read with input '{sidecars[str(w.resolve()).casefold()]}' "
-                                     "(an ENVI header or data file of the same name); choose another output name")
+                                     "(its ENVI header or data file, or its label file); choose another output name")
             if w.is_dir():  # --overwrite would not help
                 raise SciformerError(f"--output '{w}' is a directory")
             if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it

@@ -325,7 +325,15 @@ def predict_point_scenes_file(
                                    source=input_path, asprs_codes=asprs_codes_from_table(table), probabilities=options.probabilities)
 
 
+def read_beside(input_path: Path, state: dict[str, Any]) -> list[Path]:
+    """The label file the model's ``data.label_files`` pairs with ``input_path`` (whether it exists
+    or not): predict never writes its output there (it would be read as the input's truth)."""
+    old, new = state.get("label_files") or ("", "")
+    return [input_path.with_name(input_path.name.replace(str(old), str(new)))] if old and str(old) in input_path.name else []
+
+
 predict_point_scenes_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
+predict_point_scenes_file.read_beside = read_beside  # type: ignore[attr-defined]  # never an output name
 
 
 @DATASETS.register("point_scenes", config=PointScenesConfig, predictor=predict_point_scenes_file)

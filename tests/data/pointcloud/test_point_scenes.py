@@ -226,3 +226,29 @@ def test_las_output_codes_follow_the_las_tiles_rule(data_root: Path, tmp_path: P
     expected = np.where(original == 2, 2, np.where(np.isin(original, [3, 4, 5]), 3, 1))
     assert set(np.unique(original)) - {2, 3, 4, 5}  # the tile has points of the catch-all class
     np.testing.assert_array_equal(np.asarray(laspy.read(out).classification), expected)
+
+
+@pytest.mark.parametrize("labels_exist", [True, False])
+def test_predict_never_writes_the_label_file_paired_with_its_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str], labels_exist: bool) -> None:
+    """With ``data.label_files: [_points.npy, _labels.npy]`` the output ``x_labels.npy`` would be read as
+    ``x_points.npy``'s truth (and, existing, is that truth): refused even with --overwrite, before any model loads."""
+    from sciformer import cli
+    from sciformer.engine import checkpoint
+
+    np.save(tmp_path / "x_points.npy", np.zeros((5, 3), np.float32))
+    truth = tmp_path / "x_labels.npy"
+    if labels_exist:
+        np.save(truth, np.arange(5))
+    before = truth.read_bytes() if labels_exist else None
+    state = {"config": {"data": {"name": "point_scenes"}}, "data_state": {"label_files": ["_points.npy", "_labels.npy"]}}
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: state)
+    argv = ["predict", "--checkpoint", str(tmp_path / "run"), "--input", str(tmp_path / "x_points.npy"), "--output", str(truth)]
+    assert cli.main([*argv, "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "would be read with input" in err and "label file" in err, err
+    assert (truth.read_bytes() if labels_exist else truth.exists()) == (before if labels_exist else False)
+    other = tmp_path / "x_pred.npy"  # any other name passes this check (and fails later: the checkpoint is fake)
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: {**state, "config": {"data": {"name": "nope"}}})
+    assert cli.main([*argv[:-1], str(other)]) == 2
+    assert "would be read with input" not in capsys.readouterr().err
