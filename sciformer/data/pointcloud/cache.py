@@ -23,16 +23,24 @@ def cache_key(*parts: Any) -> str:
 
 
 def file_identity(path: Path) -> list[Any]:
-    """Path, size and modification time: changes when the file does."""
+    """Path, size and modification time (in nanoseconds): changes when the file does."""
     st = path.stat()
-    return [str(path.resolve()), st.st_size, int(st.st_mtime)]
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
-def save_arrays_atomic(folder: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> None:
+def files_identity(paths: Sequence[Path]) -> list[Any]:
+    """:func:`file_identity` of each path (``[path, None]`` for one that is missing: its reader
+    names it later): a cache keyed by it is rebuilt when any of the files is edited, added or removed."""
+    return [file_identity(p) if p.is_file() else [str(p), None] for p in paths]
+
+
+def save_arrays_atomic(folder: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None,
+                       *, replace: bool = False) -> None:
     """Write ``arrays`` as ``<key>.npy`` files (and ``meta.json``) into ``folder`` atomically
-    (:func:`~sciformer.utils.atomic.atomic_folder`); a folder another process completed first is kept."""
+    (:func:`~sciformer.utils.atomic.atomic_folder`); a folder another process completed first is
+    kept, unless ``replace`` (a stale folder: it is swapped for the new one whole)."""
     try:
-        with atomic_folder(folder) as tmp:
+        with atomic_folder(folder, replace=replace) as tmp:
             for key, value in arrays.items():
                 np.save(tmp / f"{key}.npy", value)
             (tmp / "meta.json").write_text(json.dumps(meta or {}, indent=1))

@@ -11,6 +11,7 @@ import numpy as np
 from sciformer.data.pointcloud.cache import (
     cache_key,
     file_identity,
+    files_identity,
     load_arrays,
     save_arrays_atomic,
 )
@@ -129,7 +130,8 @@ def load_normal_resampled_layout(
     for split in ("train", "test"):
         listing = root / f"{variant}_{split}.txt"
         ids = read_list_file(listing, f"{split} shape list")
-        key = cache_key("modelnet-txt-v1", file_identity(listing), str(root.resolve()), num_points)
+        shapes = files_identity([root / i.rsplit("_", 1)[0] / f"{i}.txt" for i in ids])  # an edited shape is read again
+        key = cache_key("modelnet-txt-v1", file_identity(listing), str(root.resolve()), num_points, shapes)
 
         def build(ids: list[str] = ids, listing: Path = listing) -> dict[str, np.ndarray]:
             pts = np.empty((len(ids), num_points, 6), dtype=np.float32)  # (S, P, 6)

@@ -44,7 +44,7 @@ from sciformer.contracts import (
     DataInfo,
     default_data_root,
 )
-from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.cache import cache_key, file_identity, load_arrays, save_arrays_atomic
 from sciformer.data.pointcloud.file_predictors import predict_s3dis_file
 from sciformer.data.pointcloud.io import parse_text_table
 from sciformer.data.pointcloud.sample import check_features, feature_channels
@@ -131,8 +131,16 @@ def find_rooms(root: Path) -> list[tuple[int, str, Path]]:
     return rooms
 
 
+def room_sources(room_dir: Path) -> list[Any]:
+    """Name, size and modification time of each of a room's annotation files: a prepared room
+    whose record differs (a file renamed to another class, a malformed line mended, an object
+    added) is prepared again."""
+    return [[Path(p).name, *file_identity(p)[1:]] for p in sorted((room_dir / "Annotations").glob("*.txt"))]
+
+
 def prepare_room(room_dir: Path, out: Path, malformed: str) -> dict[str, Any]:
-    """Convert one room's annotation files into ``coord/colour/label.npy`` in ``out``."""
+    """Convert one room's annotation files into ``coord/colour/label.npy`` in ``out`` (replaced whole)."""
+    sources = room_sources(room_dir)
     files = sorted((room_dir / "Annotations").glob("*.txt"))
     if not files:
         raise DataError(f"{room_dir / 'Annotations'}: no annotation files (<class>_<i>.txt)")
@@ -151,23 +159,35 @@ def prepare_room(room_dir: Path, out: Path, malformed: str) -> dict[str, Any]:
         colours.append(np.clip(np.round(table[:, 3:6]), 0, 255).astype(np.uint8))
         labels.append(np.full(len(table), cls, dtype=np.uint8))
     arrays = {"coord": np.concatenate(coords), "colour": np.concatenate(colours), "label": np.concatenate(labels)}
-    meta = {"points": int(len(arrays["label"])), "skipped_lines": skipped, "files": len(files)}
-    save_arrays_atomic(out, arrays, meta)
+    meta = {"points": int(len(arrays["label"])), "skipped_lines": skipped, "files": len(files), "sources": sources}
+    save_arrays_atomic(out, arrays, meta, replace=True)
     return meta
 
 
 def prepare_s3dis(root: Path, cache_root: Path, malformed: str) -> list[dict[str, Any]]:
-    """Convert every room once (resumable); returns room records with their cache folders."""
+    """Convert every room once (resumable; a room whose annotation files changed since is
+    converted again); returns room records with their cache folders."""
     rooms = find_rooms(root)
     records = []
-    todo = [(a, r, d) for a, r, d in rooms if not (cache_root / f"Area_{a}" / r / "meta.json").is_file()]
+    todo = [(a, r, d) for a, r, d in rooms if _prepared(cache_root / f"Area_{a}" / r, d) is None]
     for area, room, room_dir in progress(todo, "S3DIS rooms"):
         prepare_room(room_dir, cache_root / f"Area_{area}" / room, malformed)
-    for area, room, _ in rooms:
+    for area, room, room_dir in rooms:
         folder = cache_root / f"Area_{area}" / room
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = _prepared(folder, room_dir)
+        if meta is None:  # edited while it was being prepared
+            raise DataError(f"{room_dir / 'Annotations'}: its files changed while preparing the room; run again")
         records.append({"area": area, "room": room, "folder": folder, **meta})
     return records
+
+
+def _prepared(folder: Path, room_dir: Path) -> dict[str, Any] | None:
+    """The record of ``folder`` if it holds ``room_dir`` as its annotation files are now, else None."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("sources") == room_sources(room_dir) else None
 
 
 def load_room(folder: Path) -> Sample:

@@ -109,10 +109,25 @@ def test_normal_resampled_layout_cached(tmp_path: Path, fakes, ctx: BuildContext
     assert files_under(root) == before  # nothing written beside the raw data
     assert any((ctx.cache_dir / "modelnet").iterdir())
     # the second build reads the cache, not the text files
-    for txt in root.glob("*/*.txt"):
-        txt.unlink()
-    again = build_modelnet(cfg, ctx)
+    from sciformer.data.pointcloud import modelnet_layouts
+
+    def unread(*args: object) -> None:
+        raise AssertionError("a shape file was parsed again")
+
+    real = modelnet_layouts._load_txt_shape
+    modelnet_layouts._load_txt_shape = unread
+    try:
+        again = build_modelnet(cfg, ctx)
+    finally:
+        modelnet_layouts._load_txt_shape = real
     np.testing.assert_array_equal(again.dataset("test")[0]["feat"], item["feat"])
+    # an edited shape file (here: every shape moved 1 along x) is read again
+    for txt in root.glob("*/*.txt"):
+        rows = np.loadtxt(txt, delimiter=",", ndmin=2)
+        rows[:, 0] += 1.0
+        np.savetxt(txt, rows, delimiter=",", fmt="%.6f")
+    edited = build_modelnet(cfg, ctx)
+    assert not np.array_equal(edited.dataset("test")[0]["feat"], item["feat"])
 
 
 def test_normal_resampled_unknown_class(tmp_path: Path, fakes, ctx: BuildContext) -> None:

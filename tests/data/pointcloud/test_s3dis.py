@@ -209,3 +209,31 @@ def test_one_area_trains_from_the_command_line(root: Path, tmp_path: Path, capsy
     capsys.readouterr()
     assert main([*args[:3], "-o", str(tmp_path / "c"), *args[3:], "data.test_area=5"]) == 2
     assert "data.test_area: Area_5 has no rooms" in capsys.readouterr().err
+
+
+def test_an_edited_room_is_prepared_again(root: Path, tmp_path: Path) -> None:
+    """Renaming an object file to another class (a label fix) or mending a malformed line after a
+    first build: the next build reads the files as they are now, not the earlier conversion."""
+    from sciformer.data.pointcloud.s3dis import load_room, prepare_s3dis
+
+    def hallway_labels() -> np.ndarray:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            records = prepare_s3dis(root, tmp_path / "cache", "skip")
+        parsed.append(len(seen))  # hallway_6's malformed line warns each time the room is parsed
+        folder = next(r["folder"] for r in records if r["room"] == "hallway_6")
+        return np.bincount(load_room(folder)["label"], minlength=13)
+
+    parsed: list[int] = []
+    before = hallway_labels()
+    assert hallway_labels().tolist() == before.tolist() and parsed == [1, 0]  # unchanged: read from the cache
+    room = root / "Area_5" / "hallway_6" / "Annotations"
+    chair, table = S3DIS_CLASSES.index("chair"), S3DIS_CLASSES.index("table")
+    assert before[chair] > 0 and before[table] == 0
+    for i, path in enumerate(sorted(room.glob("chair_*.txt"))):
+        path.rename(room / f"table_{i + 7}.txt")
+    after = hallway_labels()
+    assert parsed[-1] == 1  # parsed again
+    assert after[table] == before[chair] and after[chair] == 0 and after.sum() == before.sum()
+    (room / "ceiling_1.txt").write_text((room / "ceiling_1.txt").read_text().replace("\x10", ""))  # the stray character removed
+    assert hallway_labels().sum() == after.sum() + 1 and parsed[-1] == 0  # the mended line is read
