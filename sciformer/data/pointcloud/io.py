@@ -82,7 +82,7 @@ def parse_text_table(
     if malformed not in ("error", "skip"):
         raise ValueError(f"malformed must be 'error' or 'skip', not {malformed!r}")
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        text = path.read_bytes().decode("utf-8-sig", errors="replace")  # a leading byte-order mark is dropped
     except OSError as exc:
         raise fail(path, f"cannot read ({exc.strerror or exc})") from exc
     lines = text.splitlines()
@@ -152,6 +152,8 @@ def _guess_columns(path: Path | str, table: np.ndarray) -> list[str]:
     names = ["x", "y", "z"]
     if ncols == 3:
         return names
+    if Path(path).suffix.lower() == ".pts" and ncols in (4, 7):  # Leica PTS: x y z intensity [r g b]
+        return names + ["intensity"] + (["red", "green", "blue"] if ncols == 7 else [])
     if ncols == 4:
         scalar = table[:, 3]
         return names + (["label"] if np.all(scalar == np.round(scalar)) else ["intensity"])
@@ -173,7 +175,7 @@ def _guess_columns(path: Path | str, table: np.ndarray) -> list[str]:
 def _read_table(path: Path, columns: Sequence[str] | None, keep_invalid: bool = False) -> PointData:
     skip = 0
     header: list[str] | None = None
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:  # -sig: a byte-order mark (Excel's CSV) is not a name
         head = [fh.readline() for _ in range(2)]
     first = head[0].strip()
     tokens = [t for t in re.split(r"[,;\s]+", first.lstrip("/").strip()) if t]

@@ -21,8 +21,8 @@ def test_text_tables(tmp_path: Path, cloud: dict[str, np.ndarray]) -> None:
     np.testing.assert_allclose(data["normal"], nrm, atol=1e-6)
     # S3DIS style colour, 7th column a label
     table = np.hstack([xyz, cloud["colour"], cloud["label"][:, None]])
-    np.savetxt(tmp_path / "c.pts", table, fmt="%.6f")
-    data = read_point_file(tmp_path / "c.pts")
+    np.savetxt(tmp_path / "c.txt", table, fmt="%.6f")
+    data = read_point_file(tmp_path / "c.txt")
     np.testing.assert_allclose(data["colour"], cloud["colour"] / 255.0, atol=1e-6)
     np.testing.assert_array_equal(data["label"], cloud["label"])
     # CloudCompare header row and a count line
@@ -35,6 +35,24 @@ def test_text_tables(tmp_path: Path, cloud: dict[str, np.ndarray]) -> None:
     (tmp_path / "f.xyz").write_text("1 2 3 9 7\n4 5 6 8 1\n")
     data = read_point_file(tmp_path / "f.xyz", columns=["x", "y", "z", "_", "class"])
     np.testing.assert_array_equal(data["label"], [7, 1])
+
+
+def test_leica_pts_and_a_csv_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """Leica PTS: a point-count line, then x y z intensity (-2048..2047) [r g b], an integer
+    intensity column not a label; Excel writes a UTF-8 byte-order mark before the header."""
+    (tmp_path / "scan.pts").write_text("2\n1.0 2.0 3.0 -1200 10 20 30\n4.0 5.0 6.0 850 40 50 60\n")
+    data = read_point_file(tmp_path / "scan.pts")
+    assert "label" not in data
+    np.testing.assert_array_equal(data["coord"], [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(data["intensity"], [-1200, 850])
+    np.testing.assert_allclose(data["colour"], np.array([[10, 20, 30], [40, 50, 60]]) / 255.0, atol=1e-6)
+    (tmp_path / "grey.pts").write_text("2\n1 2 3 7\n4 5 6 9\n")
+    grey = read_point_file(tmp_path / "grey.pts")
+    assert "label" not in grey and grey["intensity"].tolist() == [7, 9]
+    (tmp_path / "excel.csv").write_text("x,y,z,label\n1,2,3,1\n4,5,6,2\n", encoding="utf-8-sig")
+    np.testing.assert_array_equal(read_point_file(tmp_path / "excel.csv")["label"], [1, 2])
+    (tmp_path / "bare.xyz").write_text("1 2 3\n4 5 6\n", encoding="utf-8-sig")  # a mark before a number
+    np.testing.assert_array_equal(read_point_file(tmp_path / "bare.xyz")["coord"], [[1, 2, 3], [4, 5, 6]])
 
 
 def test_text_malformed_and_empty(tmp_path: Path, one_line_error) -> None:
