@@ -23,7 +23,6 @@ sampling, so a crop and a prediction on the user's file see the same values.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -137,18 +136,13 @@ def geometric_state(scales: Sequence[int] = SCALES, cells: Sequence[float] = CEL
 
 def cached_geometric_features(coord: np.ndarray, cache_root: Path, *identity: Any) -> np.ndarray:
     """:func:`geometric_features` of a whole cloud, computed once into a folder of ``cache_root``
-    keyed by ``identity`` (the source file's identity), the feature parameters and a digest of
-    ``coord`` itself: the points kept from one file depend on more than the file (a dataset
-    drops the points whose features are invalid, and which features are read is a setting),
-    and features cached for another set of points would be misaligned with these.
+    keyed by ``identity`` and the feature parameters: ``identity`` must determine ``coord``
+    (the source file's identity, and whatever decides which of its points are kept).
 
     Shapes: coord (n, 3) -> (n, channels()) float32 (memory-mapped).
     """
     state = geometric_state()
-    points = np.ascontiguousarray(coord)  # (n, 3)
-    seen = hashlib.sha256(f"{points.dtype.str}{points.shape}".encode())
-    seen.update(memoryview(points).cast("B"))
-    folder = cache_root / cache_key(*identity, state, seen.hexdigest())
+    folder = cache_root / cache_key(*identity, state)
     if not (folder / "meta.json").is_file():
         save_arrays_atomic(folder, {"geometric": geometric_features(coord)}, {"source": [str(i) for i in identity], **state})
     return load_arrays(folder, ["geometric"])["geometric"]

@@ -31,6 +31,7 @@ the new file with the parameters the checkpoint recorded.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -252,8 +253,9 @@ class SceneFiles(SceneSource):
         if len(sample["coord"]) == 0:
             raise DataError(f"{path}: no point with finite coordinates")
         if "geometric" in self.features:
+            kept = hashlib.sha256(np.packbits(ok)).hexdigest()  # another data.features keeps other rows of the file
             sample["geometric"] = cached_geometric_features(  # (n, 35) over the usable points
-                sample["coord"], self.cache_dir, "scene-geometric", file_identity(path), self.cfg.columns)
+                sample["coord"], self.cache_dir, "scene-geometric", file_identity(path), self.cfg.columns, kept)
         self._cache[index] = sample
         while len(self._cache) > 3:
             self._cache.popitem(last=False)

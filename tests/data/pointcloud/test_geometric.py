@@ -163,17 +163,3 @@ def test_features_as_recorded_over_a_given_mask() -> None:
     np.testing.assert_array_equal(out[usable], geometric.geometric_features(coord[usable]))
     assert not out[~usable].any()
 
-
-def test_the_cache_follows_the_points_not_only_the_file(tmp_path: Path) -> None:
-    """One file, two sets of kept points (another data.features drops other invalid rows): each
-    gets the features of its own points, never the other set's (same count, other rows)."""
-    rng = np.random.default_rng(5)
-    cloud = rng.random((300, 3)) * 4  # (300, 3)
-    first, second = cloud[:-1], np.delete(cloud, 0, axis=0)  # (299, 3) each: one other row left out
-    identity = ("scene-geometric", ["/data/scan.ply", 1234, 5678], None)
-    got_first = np.asarray(geometric.cached_geometric_features(first, tmp_path, *identity))
-    got_second = np.asarray(geometric.cached_geometric_features(second, tmp_path, *identity))
-    assert np.array_equal(got_first, geometric.geometric_features(first))
-    assert np.array_equal(got_second, geometric.geometric_features(second))
-    again = np.asarray(geometric.cached_geometric_features(first.copy(), tmp_path, *identity))
-    assert np.array_equal(again, got_first) and len(list(tmp_path.iterdir())) == 2  # computed once per set of points

@@ -252,3 +252,25 @@ def test_predict_never_writes_the_label_file_paired_with_its_input(tmp_path: Pat
     monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: {**state, "config": {"data": {"name": "nope"}}})
     assert cli.main([*argv[:-1], str(other)]) == 2
     assert "would be read with input" not in capsys.readouterr().err
+
+
+def test_geometric_rows_follow_the_features_that_decide_the_kept_points(tmp_path: Path, ctx: BuildContext) -> None:
+    """One file, trained with [colour, geometric] and then [intensity, geometric] on one cache:
+    each drops the rows its own features make invalid (the same count, other rows), and each
+    gets the geometric features of its own kept points (oracle: geometric_features on them)."""
+    from sciformer.data.pointcloud import geometric
+
+    rng = np.random.default_rng(8)
+    coord = rng.uniform(0, 20, size=(400, 3)) * [1, 1, 0.2]
+    label = (coord[:, 2] > 2).astype(np.int64)
+    rgb, intensity = rng.uniform(0, 255, size=(400, 3)), rng.uniform(0, 1, size=400)
+    rgb[5], intensity[9] = np.nan, np.nan  # colour invalid on row 5, intensity on row 9
+    for name in ("a", "b"):  # b: another file for validation (splits may not share one)
+        table = np.column_stack([coord, rgb, intensity, label])
+        np.save(tmp_path / f"{name}.npy", table if name == "a" else table[::-1])
+    base = {"root": str(tmp_path), "train_files": ["a.npy"], "val_files": ["b.npy"], "classes": ["low", "high"],
+            "columns": ["x", "y", "z", "red", "green", "blue", "intensity", "label"]}
+    for features, dropped in ((["colour", "geometric"], 5), (["intensity", "geometric"], 9)):
+        task = build_point_scenes(PointScenesConfig(**base, features=features), ctx)
+        kept = np.delete(coord, dropped, axis=0)
+        np.testing.assert_array_equal(task.dataset("train").source.load(0)["geometric"], geometric.geometric_features(kept))
