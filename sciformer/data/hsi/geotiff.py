@@ -55,7 +55,7 @@ def _open(rasterio: Any, path: str | os.PathLike[str]) -> Iterator[Any]:
     are not UTF-8 is opened here and given to GDAL by its descriptor's name in ``/proc``
     (read in place, header first), or as an open Python file where there is no ``/proc``."""
     if utf8_safe(os.fspath(path)) == os.fspath(path):
-        with rasterio.open(path) as src:
+        with _quiet_without_georef(rasterio), rasterio.open(path) as src:  # a file without georeference reads as pixels
             yield src
         return
     fd = os.open(path, os.O_RDONLY)
