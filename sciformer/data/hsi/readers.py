@@ -145,7 +145,7 @@ def _pick_label_key(
     if hw is not None:
         cands = [k for k in cands if c.arrays[k].shape == hw]
     ints = [k for k in cands if c.arrays[k].kind in "uib"]
-    ints += [k for k in cands if c.arrays[k].kind == "f" and _is_integral(c.load(k))]  # MATLAB often stores labels as double
+    ints += [k for k in cands if c.arrays[k].kind == "f" and _is_integral(_nodata_unlabelled(c, c.load(k)))]  # MATLAB often stores labels as double
     named = [k for k in ints if _words(k) & _LABEL_WORDS or "label" in k.lower() or "ground" in k.lower()]
     ints = named or ints
     if len(ints) == 1:
@@ -233,14 +233,29 @@ def validate_cube(cube: np.ndarray, where: str) -> np.ndarray:
     return cube  # NaN / Inf pixels are no-data (sciformer.data.hsi.nodata)
 
 
+def load_labels(c: Container, key: str) -> np.ndarray:
+    """The label map ``key`` of ``c``, checked (:func:`validate_labels`), with the pixels equal to the
+    no-data value its file declares (GeoTIFF ``nodata``, ENVI ``data ignore value``) unlabelled (0)."""
+    return validate_labels(_nodata_unlabelled(c, c.load(key)), f"{c.path} [{key}]")
+
+
+def _nodata_unlabelled(c: Container, raw: np.ndarray) -> np.ndarray:
+    """``raw`` with the pixels equal to ``c``'s declared no-data value (NaN included) set to 0."""
+    raw = np.asarray(raw)
+    if c.nodata is None:
+        return raw
+    nodata = np.isnan(raw) if np.isnan(c.nodata) and raw.dtype.kind == "f" else raw == c.nodata
+    return np.where(nodata, 0, raw) if np.any(nodata) else raw
+
+
 def read_labels(
     path: str | os.PathLike[str], label_key: str | None = None, shape: tuple[int, int] | None = None
 ) -> np.ndarray:
-    """Read a 2-D label map (int64, 0 = unlabelled) from any supported file."""
+    """Read a 2-D label map (int64, 0 = unlabelled, as are the file's declared no-data pixels) from any supported file."""
     c = open_container(path)
     key = _pick_label_key(c, label_key, shape, None, "required")
     assert key is not None
-    gt = validate_labels(c.load(key), f"{c.path} [{key}]")
+    gt = load_labels(c, key)
     if shape is not None and gt.shape != tuple(shape):
         raise DataError(
             f"{c.path} [{key}]: label map is {gt.shape[0]} x {gt.shape[1]}; image is {shape[0]} x {shape[1]}"
@@ -271,7 +286,8 @@ def read_scene(
             all below 30 are read as micrometres.
         class_names: names of classes 1..K (else from an ENVI classification header).
         labels: ``"required"`` (error if none), ``"optional"`` (None if none found)
-            or ``"none"`` (do not look).
+            or ``"none"`` (do not look). Label pixels equal to the label file's declared
+            no-data value (GeoTIFF ``nodata``, ENVI ``data ignore value``) are unlabelled (0).
 
     Raises:
         DataError: missing or unreadable file, missing key, ambiguous keys,
@@ -295,7 +311,7 @@ def read_scene(
             lkey = _pick_label_key(c, label_key, hw, key, labels if label_key is None else "required")
         if lkey is not None:
             where = f"{lc.path} [{lkey}]"
-            gt = validate_labels(lc.load(lkey), where)
+            gt = load_labels(lc, lkey)
             if gt.shape != hw:
                 raise DataError(
                     f"{where}: label map is {gt.shape[0]} x {gt.shape[1]}; image {c.path} is {hw[0]} x {hw[1]}"

@@ -57,7 +57,7 @@ from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels, refuse_labelle
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
 from sciformer.data.hsi.predict import predict_hsi_file
-from sciformer.data.hsi.readers import Scene, open_container, read_labels, read_scene, validate_labels
+from sciformer.data.hsi.readers import Scene, load_labels, open_container, read_labels, read_scene
 from sciformer.data.hsi.splits import Split, block_split, fixed_split, stratified_split
 from sciformer.data.hsi.wavelengths import bands_ascending
 from sciformer.errors import ConfigError, DataError
@@ -106,7 +106,7 @@ def _read_split_map(path: Path, key: str | None, default_key: str, hw: tuple[int
     if key is None:
         return read_labels(path, None, hw)
     where = f"{path} [{key}]"
-    gt = validate_labels(c.load(key), where)
+    gt = load_labels(c, key)
     if gt.shape != hw:
         raise DataError(f"{where}: split map is {gt.shape[0]} x {gt.shape[1]}; the image is {hw[0]} x {hw[1]}")
     return gt

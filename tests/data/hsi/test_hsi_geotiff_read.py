@@ -14,6 +14,7 @@ import pytest
 from sciformer.data.hsi.readers import read_labels, read_scene
 
 rasterio = pytest.importorskip("rasterio")
+from rasterio.transform import from_origin  # noqa: E402
 
 
 def _labels(h: int = 12, w: int = 10) -> np.ndarray:
@@ -28,6 +29,30 @@ def _write_tif(path: Path, bands: np.ndarray, **profile: object) -> Path:
                        dtype=arr.dtype, **profile) as dst:
         dst.write(np.moveaxis(arr, -1, 0))
     return path
+
+
+def test_label_geotiff_nodata_pixels_are_unlabelled(tmp_path: Path) -> None:
+    gt = _labels()
+    gt[:, 7:] = 255  # outside the surveyed area
+    path = _write_tif(tmp_path / "gt.tif", gt, nodata=255, transform=from_origin(0, 12, 1, 1))
+    with rasterio.open(path) as src:
+        valid = src.read_masks(1) > 0  # rasterio's own no-data mask: the oracle
+    cube = np.random.default_rng(1).normal(size=(12, 10, 5)).astype(np.float32)
+    np.save(tmp_path / "cube.npy", cube)
+    scene = read_scene(tmp_path / "cube.npy", label_path=path, labels="required")
+    assert 255 not in scene.gt
+    np.testing.assert_array_equal(scene.gt, np.where(valid, gt, 0))
+    np.testing.assert_array_equal(read_labels(path), np.where(valid, gt, 0))  # predict --labels reads it alike
+
+
+def test_envi_label_data_ignore_value_is_unlabelled(tmp_path: Path) -> None:
+    gt = _labels().astype(np.int16)
+    gt[0, :] = -1  # declared no-data (negative: would be refused as a label)
+    (tmp_path / "gt.img").write_bytes(gt.astype("<i2").tobytes())
+    (tmp_path / "gt.hdr").write_text(f"ENVI\nsamples = {gt.shape[1]}\nlines = {gt.shape[0]}\nbands = 1\nheader offset = 0\n"
+                                     "file type = ENVI Standard\ndata type = 2\ninterleave = bsq\nbyte order = 0\n"
+                                     "data ignore value = -1\n")
+    np.testing.assert_array_equal(read_labels(tmp_path / "gt.hdr"), np.where(gt == -1, 0, gt))
 
 
 def test_geotiff_without_georeference_reads_without_a_warning(tmp_path: Path) -> None:
