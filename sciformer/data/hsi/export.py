@@ -127,7 +127,7 @@ def save_map_envi(
     """
     from spectral.io import envi
 
-    from sciformer.data.hsi.geotiff import envi_metadata
+    from sciformer.data.hsi.georef import envi_metadata
 
     hdr_path = Path(hdr_path)
     if hdr_path.suffix.lower() != ".hdr":
@@ -209,7 +209,8 @@ def save_probabilities_envi(
     """
     from spectral.io import envi
 
-    from sciformer.data.hsi.geotiff import check_probabilities, envi_metadata
+    from sciformer.data.hsi.georef import envi_metadata
+    from sciformer.data.hsi.geotiff import check_probabilities
 
     hdr_path = Path(hdr_path).with_suffix(".hdr")
     p = check_probabilities(probs, class_names, hdr_path)

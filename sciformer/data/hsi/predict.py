@@ -24,9 +24,9 @@ from sciformer.data.hsi.export import (
     save_probabilities_envi,
     save_probabilities_npy,
 )
+from sciformer.data.hsi.georef import georef_of
 from sciformer.data.hsi.geotiff import (
     GEOTIFF_SUFFIXES,
-    georef_of,
     write_geotiff_map,
     write_geotiff_probabilities,
 )

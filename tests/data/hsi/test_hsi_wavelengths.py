@@ -18,7 +18,7 @@ from synthetic import make_hsi_scene
 
 from sciformer import config
 from sciformer.contracts import BuildContext
-from sciformer.data.hsi.geotiff import georef_from_envi_header
+from sciformer.data.hsi.georef import georef_from_envi_header
 from sciformer.data.hsi.readers import read_scene
 from sciformer.data.hsi.task import build_hsi_scene
 from sciformer.data.hsi.wavelengths import given_nanometres, read_wavelength_spec, to_nanometres
