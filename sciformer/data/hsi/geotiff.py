@@ -65,35 +65,62 @@ def _open(rasterio: Any, path: str | os.PathLike[str]) -> Iterator[Any]:
 # ----------------------------------------------------------------------------- GeoTIFF
 
 
+def _scaling(src: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-band (scales, offsets) of an open GeoTIFF, None when every band is (1, 0)."""
+    scales = np.asarray([1.0 if v is None else float(v) for v in src.scales], dtype=np.float64)  # (B,)
+    offsets = np.asarray([0.0 if v is None else float(v) for v in src.offsets], dtype=np.float64)  # (B,)
+    return None if np.all(scales == 1.0) and np.all(offsets == 0.0) else (scales, offsets)
+
+
 def read_geotiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
-    """A GeoTIFF's bands as (H, W, B) (native dtype) and its georef."""
+    """A GeoTIFF's bands as (H, W, B) and its georef.
+
+    Native dtype, unless a band declares a scale or offset other than (1, 0): then every band
+    is ``value * scale + offset`` (GDAL's unscaling) in float32 (float64 for a float64 file),
+    and pixels equal to the declared nodata in every band become NaN (see :func:`geotiff_nodata`).
+    """
+    from sciformer.data.hsi.nodata import nodata_pixels
+
     rasterio = _rasterio()
     try:
         with _open(rasterio, path) as src:
             data = np.moveaxis(src.read(), 0, -1)  # (H, W, B)
+            scaling, nodata = _scaling(src), src.nodata
             georef = {"transform": list(src.transform)[:6], "crs_wkt": src.crs.to_wkt() if src.crs else None,
-                      "map_info": None, "coordinate_system_string": None, "nodata": src.nodata}
+                      "map_info": None, "coordinate_system_string": None, "nodata": nodata}
     except rasterio.errors.RasterioError as exc:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
+    if scaling is not None:
+        missing = nodata_pixels(data, nodata) if nodata is not None else None  # (H, W), in the file's own values
+        out = data.astype(np.float64 if data.dtype == np.float64 else np.float32)
+        out *= scaling[0].astype(out.dtype)
+        out += scaling[1].astype(out.dtype)
+        if missing is not None:
+            out[missing] = np.nan
+        data = out
     return data, georef
 
 
 def geotiff_layout(path: Path) -> tuple[tuple[int, int, int], str]:
-    """(height, width, bands) and the numpy dtype kind of a GeoTIFF, read from its header only."""
+    """(height, width, bands) and the numpy dtype kind of a GeoTIFF (``f`` when it is scaled), read from its header only."""
     rasterio = _rasterio()
     try:
         with _open(rasterio, path) as src:
-            return (int(src.height), int(src.width), int(src.count)), np.dtype(src.dtypes[0]).kind
+            kind = "f" if _scaling(src) is not None else np.dtype(src.dtypes[0]).kind
+            return (int(src.height), int(src.width), int(src.count)), kind
     except rasterio.errors.RasterioError as exc:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
 
 
 def geotiff_nodata(path: Path) -> float | None:
-    """The no-data value a GeoTIFF declares (None when it declares none)."""
+    """The no-data value a GeoTIFF declares (None when it declares none; NaN for a scaled file,
+    whose no-data pixels :func:`read_geotiff` gives as NaN)."""
     rasterio = _rasterio()
     try:
         with _open(rasterio, path) as src:
-            return None if src.nodata is None else float(src.nodata)
+            if src.nodata is None:
+                return None
+            return float("nan") if _scaling(src) is not None else float(src.nodata)
     except rasterio.errors.RasterioError as exc:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
 

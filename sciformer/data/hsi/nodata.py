@@ -55,6 +55,6 @@ def refuse_labelled_nodata(mask: np.ndarray, labelled: np.ndarray, where: str, v
     bad = mask & labelled
     if bad.any():
         r, c = (int(v) for v in np.argwhere(bad)[0])
-        what = "NaN/Inf in a band" + ("" if value is None else f", or {value:g} (the file's no-data value) in every band")
+        what = "NaN/Inf in a band" + ("" if value is None or not np.isfinite(value) else f", or {value:g} (the file's no-data value) in every band")
         raise DataError(f"{where}: {int(bad.sum())} labelled pixel(s) are no-data ({what}; first at row {r}, column {c}); "
                         "set them to 0 (unlabelled) in the label map or fix the cube")

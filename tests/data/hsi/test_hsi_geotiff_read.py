@@ -67,3 +67,30 @@ def test_geotiff_without_georeference_reads_without_a_warning(tmp_path: Path) ->
         read_labels(tmp_path / "gt.tif")
     np.testing.assert_array_equal(scene.cube, cube)
     assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint16", "float64"])
+def test_scaled_geotiff_is_read_in_physical_units(tmp_path: Path, dtype: str) -> None:
+    rng = np.random.default_rng(2)
+    raw = rng.integers(1, 10000, size=(6, 7, 4)).astype(dtype)  # (H, W, B) digital numbers
+    raw[0, 0] = 0  # no-data in every band
+    raw[1, 1, 0] = 0  # no-data value in one band only: a value
+    path = _write_tif(tmp_path / "scaled.tif", raw, nodata=0, transform=from_origin(0, 6, 1, 1))
+    with rasterio.open(path, "r+") as dst:
+        dst.scales, dst.offsets = [1e-4, 2e-4, 1e-4, 1.0], [0.0, 0.0, -0.1, 5.0]
+    with rasterio.open(path) as src:  # the oracle: GDAL's own scales and offsets
+        scales, offsets = np.asarray(src.scales), np.asarray(src.offsets)
+        expected = np.moveaxis(src.read(), 0, -1) * scales + offsets  # (H, W, B) float64
+    cube = read_scene(path, labels="none").cube
+    assert cube.dtype == (np.float64 if dtype == "float64" else np.float32)
+    assert np.isnan(cube[0, 0]).all()  # no-data stays no-data
+    expected[0, 0] = np.nan
+    np.testing.assert_allclose(cube, expected, rtol=1e-6, equal_nan=True)
+
+
+def test_unscaled_geotiff_keeps_its_dtype(tmp_path: Path) -> None:
+    raw = np.arange(2 * 3 * 2, dtype=np.int16).reshape(2, 3, 2)
+    path = _write_tif(tmp_path / "plain.tif", raw, transform=from_origin(0, 2, 1, 1))
+    cube = read_scene(path, labels="none").cube
+    assert cube.dtype == np.int16
+    np.testing.assert_array_equal(cube, raw)
