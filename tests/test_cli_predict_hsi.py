@@ -96,6 +96,32 @@ def test_geotiff_cube_in_envi_map_out(scene: dict[str, Path], tmp_path: Path) ->
     np.testing.assert_array_equal(envi.open(str(tmp_path / "out.hdr")).read_band(0), np.load(tmp_path / "same.npy"))
 
 
+@pytest.mark.parametrize("shear", [0.0, 5.0])
+def test_rotated_and_sheared_georeference_through_predict(scene: dict[str, Path], tmp_path: Path, capsys, shear: float) -> None:
+    """A turned GeoTIFF grid reaches ENVI (map info rotation=) and GeoTIFF maps as GDAL reads the input;
+    a sheared one, which ENVI cannot express, gives an ENVI map without georeference and one warning line."""
+    import math
+
+    from rasterio.transform import Affine
+
+    t = math.radians(15)
+    transform = Affine(30 * math.cos(t), 30 * math.sin(t) + shear, 500000.0, 30 * math.sin(t), -30 * math.cos(t), 4000000.0)
+    cube = scipy.io.loadmat(scene["cube"])["cube"]  # (H, W, B)
+    tif = tmp_path / "cube.tif"
+    with rasterio.open(tif, "w", driver="GTiff", height=20, width=24, count=9, dtype="float32", crs="EPSG:32633",
+                       transform=transform) as dst:
+        dst.write(np.moveaxis(cube, -1, 0))
+    capsys.readouterr()
+    for out in ("map.hdr", "map.tif"):
+        assert predict(scene, tif, tmp_path / out) == 0
+        with rasterio.open(tmp_path / out.replace(".hdr", ".img")) as src:
+            kept = out == "map.tif" or not shear
+            assert (src.crs.to_epsg() if src.crs else None) == (32633 if kept else None)
+            np.testing.assert_allclose(list(src.transform)[:6], list(transform)[:6] if kept else [1, 0, 0, 0, 1, 0], atol=1e-6)
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == (1 if shear else 0) and (not shear or "map.hdr is written without" in err)
+
+
 def test_labels_give_the_truth_panel_and_scores(scene: dict[str, Path], tmp_path: Path, capsys) -> None:
     assert predict(scene, scene["envi"], tmp_path / "map.npy", "--labels", str(scene["gt"])) == 0
     line = capsys.readouterr().out.splitlines()[0]

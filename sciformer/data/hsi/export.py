@@ -121,7 +121,7 @@ def save_map_envi(
     """Write an ENVI classification file (``.hdr`` + ``.img``) with class names and colours.
 
     Class 0 is ``Unclassified``; the header's ``class names`` / ``class lookup`` hold all
-    ``K + 1`` entries. ``georef`` (see :mod:`sciformer.data.hsi.geotiff`) adds the input's
+    ``K + 1`` entries. ``georef`` (see :mod:`sciformer.data.hsi.georef`) adds the input's
     ``map info`` and ``coordinate system string``. Both files are written to temporary
     names and renamed (data first). Returns (header path, data path).
     """

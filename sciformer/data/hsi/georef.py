@@ -7,16 +7,20 @@ A *georef* is a plain dict carried from an input scene to its classification map
      "map_info": ["UTM", "1", "1", ...],      # ENVI 'map info' as read (kept verbatim for ENVI outputs)
      "coordinate_system_string": "..."}       # ENVI 'coordinate system string' (WKT)
 
-ENVI inputs give ``map_info`` / ``coordinate_system_string`` (and a transform derived from
-them when the map is not rotated); GeoTIFF inputs give ``transform`` / ``crs_wkt``. ENVI
+ENVI inputs give ``map_info`` / ``coordinate_system_string`` (and the transform derived from
+them, ``rotation=`` included); GeoTIFF inputs give ``transform`` / ``crs_wkt``. ENVI
 outputs write the ENVI keys, GeoTIFF outputs the transform and CRS; each is derived
-from the other when missing.
+from the other when missing. A georeference an output cannot carry whole (a sheared
+transform in ENVI, a coordinate system without a transform) is dropped with a one-line
+warning (:func:`writable_georef`), never written in part.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -70,19 +74,72 @@ def georef_from_envi_header(header: Path) -> dict[str, Any] | None:
     return georef
 
 
-def transform_from_map_info(map_info: list[str]) -> list[float] | None:
-    """Affine ``[a, b, c, d, e, f]`` of an ENVI ``map info`` (None for rotated maps or bad values).
+def _rotation(map_info: list[str]) -> float | None:
+    """The ``rotation=<degrees>`` of an ENVI ``map info`` (0 when absent; None when not a number)."""
+    for v in map_info:
+        key, _, value = str(v).partition("=")
+        if value and key.strip().lower() == "rotation":
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return 0.0
 
-    ``map info = {proj, ref col, ref row, ref x, ref y, pixel x, pixel y, ...}``; reference
-    pixel (1, 1) is the upper-left corner of the upper-left pixel.
+
+def transform_from_map_info(map_info: list[str]) -> list[float] | None:
+    """Affine ``[a, b, c, d, e, f]`` of an ENVI ``map info`` (None for bad values).
+
+    ``map info = {proj, ref col, ref row, ref x, ref y, pixel x, pixel y, ..., rotation=<deg>}``;
+    reference pixel (1, 1) is the upper-left corner of the upper-left pixel, which lies at
+    (ref x, ref y). ``rotation`` turns the grid counter-clockwise by that angle (as GDAL reads it):
+    a column step is ``pixel x * (cos, sin)``, a row step ``pixel y * (sin, -cos)``.
     """
-    if any(str(v).strip().lower().startswith("rotation") and float(str(v).split("=")[1]) != 0 for v in map_info if "=" in str(v)):
-        return None
+    theta = _rotation(map_info)
     try:
         ref_col, ref_row, x, y, sx, sy = (float(v) for v in map_info[1:7])
     except (ValueError, IndexError):
         return None
-    return [sx, 0.0, x - (ref_col - 1.0) * sx, 0.0, -sy, y + (ref_row - 1.0) * sy]
+    if theta is None or not all(math.isfinite(v) for v in (ref_col, ref_row, x, y, sx, sy, theta)):
+        return None
+    cos, sin = (1.0, 0.0) if theta == 0 else (math.cos(math.radians(theta)), math.sin(math.radians(theta)))
+    a, b, d, e = sx * cos, sy * sin, sx * sin, -sy * cos
+    return [a, b, x - (ref_col - 1.0) * a - (ref_row - 1.0) * b, d, e, y - (ref_col - 1.0) * d - (ref_row - 1.0) * e]
+
+
+def map_info_numbers(transform: list[float]) -> tuple[float, float, float] | None:
+    """(pixel x, pixel y, rotation in degrees) of an affine that ENVI ``map info`` can express
+    (a grid turned by a rotation, square or not, not mirrored); None for a sheared or mirrored one."""
+    a, b, _, d, e, _ = (float(v) for v in transform)
+    sx, sy = math.hypot(a, d), math.hypot(b, e)
+    if not (sx > 0 and sy > 0):
+        return None
+    theta = math.atan2(d, a)
+    if abs(b - sy * math.sin(theta)) > 1e-9 * sy or abs(e + sy * math.cos(theta)) > 1e-9 * sy:
+        return None
+    degrees = float(f"{math.degrees(theta):.12g}")  # 15.0, not 14.999999999999998
+    return float(f"{sx:.15g}"), float(f"{sy:.15g}"), 0.0 if abs(degrees) < 1e-9 else degrees
+
+
+def writable_georef(georef: dict[str, Any] | None, output: Path) -> dict[str, Any] | None:
+    """``georef`` as it can be written to the map ``output`` (by its suffix), or None, with a
+    one-line warning on stderr, where it cannot be written whole: a sheared or mirrored transform
+    (which no ENVI ``map info`` expresses) for an ENVI map; a coordinate system without a usable
+    transform for a GeoTIFF map. A coordinate system is never written with another transform."""
+    suffix = output.suffix.lower()
+    if not georef or suffix not in (".hdr", ".img", *GEOTIFF_SUFFIXES):
+        return georef
+    transform = georef.get("transform")
+    if suffix in (".hdr", ".img"):
+        if georef.get("map_info") or not transform or map_info_numbers(transform) is not None:
+            return georef  # the input's ENVI keys as read, or a map info made from the transform
+        why = (f"its transform {[float(f'{v:.6g}') for v in transform]} is sheared or mirrored, which ENVI "
+               "'map info' cannot express (write a .tif to keep it)")
+    else:
+        if transform or not georef.get("crs_wkt"):
+            return georef
+        why = "its 'map info' gives no usable transform, and a coordinate system alone would place the map at the origin"
+    print(f"WARNING: {output.name} is written without the input's georeference: {why}", file=sys.stderr)
+    return None
 
 
 def _utm_wkt(map_info: list[str]) -> str | None:
@@ -103,7 +160,9 @@ def _utm_wkt(map_info: list[str]) -> str | None:
 
 
 def envi_metadata(georef: dict[str, Any] | None) -> dict[str, Any]:
-    """ENVI header keys of a georef: its own ``map info`` when it has one, else one from the transform."""
+    """ENVI header keys of a georef: its own ``map info`` when it has one, else one from the
+    transform (with ``rotation=`` for a turned grid); neither key for a transform that ``map info``
+    cannot express (:func:`writable_georef` warns of it)."""
     if not georef:
         return {}
     out: dict[str, Any] = {}
@@ -111,17 +170,19 @@ def envi_metadata(georef: dict[str, Any] | None) -> dict[str, Any]:
     if georef.get("map_info"):
         out["map info"] = list(georef["map_info"])
     elif georef.get("transform"):
-        a, b, c, d, e, f = georef["transform"]
-        if b == 0 and d == 0:
-            name = "Arbitrary"
-            if css:
-                with contextlib.suppress(Exception):  # an unusual CRS still travels as the WKT string
-                    crs = _rasterio().crs.CRS.from_wkt(css)
-                    name = "Geographic Lat/Lon" if crs.is_geographic else (crs.to_dict().get("proj", "Arbitrary") or "Arbitrary")
-                    name = "UTM" if str(name).lower() == "utm" else name
-            out["map info"] = [name, "1", "1", repr(float(c)), repr(float(f)), repr(float(a)), repr(float(-e)), "units=Meters"]
+        numbers = map_info_numbers(georef["transform"])
+        if numbers is None:
+            return {}  # a coordinate system without its transform would place the map wrongly
+        sx, sy, degrees = numbers
+        _, _, c, _, _, f = georef["transform"]
+        name = "Arbitrary"
+        if css:
+            with contextlib.suppress(Exception):  # an unusual CRS still travels as the WKT string
+                crs = _rasterio().crs.CRS.from_wkt(css)
+                name = "Geographic Lat/Lon" if crs.is_geographic else (crs.to_dict().get("proj", "Arbitrary") or "Arbitrary")
+                name = "UTM" if str(name).lower() == "utm" else name
+        out["map info"] = [name, "1", "1", repr(float(c)), repr(float(f)), repr(sx), repr(sy), "units=Meters",
+                           *([f"rotation={degrees!r}"] if degrees else [])]
     if css:
         out["coordinate system string"] = "{" + str(css) + "}"
     return out
-
-

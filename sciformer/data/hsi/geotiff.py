@@ -144,13 +144,14 @@ def _quiet_without_georef(rasterio: Any) -> Iterator[None]:
 
 
 def _georef_profile(path: Path, georef: dict[str, Any] | None, rasterio: Any) -> dict[str, Any]:
-    """``transform`` / ``crs`` entries of a rasterio profile from ``georef`` (those it has)."""
+    """``transform`` / ``crs`` entries of a rasterio profile from ``georef`` (none without a transform)."""
     from rasterio.transform import Affine
 
     out: dict[str, Any] = {}
-    if georef and georef.get("transform"):
-        out["transform"] = Affine(*georef["transform"])
-    if georef and georef.get("crs_wkt"):
+    if not georef or not georef.get("transform"):
+        return out  # a CRS without its transform would place the map at the origin
+    out["transform"] = Affine(*georef["transform"])
+    if georef.get("crs_wkt"):
         try:
             out["crs"] = rasterio.crs.CRS.from_wkt(georef["crs_wkt"])
         except rasterio.errors.CRSError as exc:

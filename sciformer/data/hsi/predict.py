@@ -24,7 +24,7 @@ from sciformer.data.hsi.export import (
     save_probabilities_envi,
     save_probabilities_npy,
 )
-from sciformer.data.hsi.georef import georef_of
+from sciformer.data.hsi.georef import georef_of, writable_georef
 from sciformer.data.hsi.geotiff import (
     GEOTIFF_SUFFIXES,
     write_geotiff_map,
@@ -193,6 +193,7 @@ def predict_hsi_file(
     label_map = ids + 1  # 0 (unclassified) on no-data pixels
     if options.labels is not None:
         print(scores_line(input_path.name, map_scores(label_map, scene.gt, len(class_names)), options.labels))
+    georef = writable_georef(georef, output_path)  # one line where the output cannot carry it whole
     if probs is None:
         return _write_map(output_path, label_map, class_names, scene.gt, georef)
     prob_paths = probability_paths(output_path)  # written first: a map on disk means its probabilities are there too
