@@ -39,6 +39,48 @@ def georef_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return georef_from_envi_header(header) if header is not None else None
 
 
+def check_same_grid(image: str | os.PathLike[str], labels: str | os.PathLike[str], what: str = "label map") -> None:
+    """A one-line DataError when ``image`` and ``labels`` both carry a georeference and their
+    coordinate systems or transforms differ (pixel (i, j) of one would be paired with another
+    place on the ground). Files without a georeference are paired by pixel, unchecked."""
+    a, b = georef_of(image), georef_of(labels)
+    if not a or not b:
+        return
+    ta, tb = a.get("transform"), b.get("transform")
+    if ta and tb:
+        size = max(abs(float(v)) for i, v in enumerate(ta) if i in (0, 1, 3, 4)) or 1.0
+        steps = max(abs(float(ta[i]) - float(tb[i])) for i in (0, 1, 3, 4))
+        origin = max(abs(float(ta[i]) - float(tb[i])) for i in (2, 5))
+        if steps > 1e-6 * size or origin > 1e-3 * size:
+            raise DataError(f"{labels}: the {what}'s grid (transform {_short(tb)}) is not the image's, {image} "
+                            f"(transform {_short(ta)}); resample it onto the image's grid")
+    ca, cb = a.get("crs_wkt"), b.get("crs_wkt")
+    if ca and cb and not _same_crs(ca, cb):
+        raise DataError(f"{labels}: the {what}'s coordinate system ({_crs_name(cb)}) is not the image's, {image} "
+                        f"({_crs_name(ca)}); reproject it onto the image's grid")
+
+
+def _short(transform: list[float]) -> list[float]:
+    return [float(f"{float(v):.10g}") for v in transform]
+
+
+def _same_crs(a: str, b: str) -> bool:
+    try:
+        crs = _rasterio().crs.CRS
+        return bool(crs.from_wkt(a) == crs.from_wkt(b))
+    except Exception:  # noqa: BLE001 - no rasterio, or a WKT it cannot parse: compare the text
+        return " ".join(a.split()) == " ".join(b.split())
+
+
+def _crs_name(wkt: str) -> str:
+    try:
+        crs = _rasterio().crs.CRS.from_wkt(wkt)
+        epsg = crs.to_epsg()
+        return f"EPSG:{epsg}" if epsg else str(crs.to_dict().get("proj") or wkt[:40])
+    except Exception:  # noqa: BLE001
+        return wkt[:40]
+
+
 def envi_header_of(path: Path) -> Path | None:
     """The ENVI header of ``path`` (itself, ``<path>.hdr`` or ``<stem>.hdr``), if any."""
     if path.suffix.lower() == ".hdr":

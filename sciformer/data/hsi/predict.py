@@ -24,7 +24,7 @@ from sciformer.data.hsi.export import (
     save_probabilities_envi,
     save_probabilities_npy,
 )
-from sciformer.data.hsi.georef import georef_of, writable_georef
+from sciformer.data.hsi.georef import check_same_grid, georef_of, writable_georef
 from sciformer.data.hsi.geotiff import (
     GEOTIFF_SUFFIXES,
     write_geotiff_map,
@@ -89,9 +89,12 @@ def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None
     return cube, wl
 
 
-def read_label_map(path: Path, shape: tuple[int, int], num_classes: int) -> np.ndarray:
-    """A ground-truth map for ``--labels`` (any label file, or a single-band GeoTIFF): (H, W) int64, 0..K."""
+def read_label_map(path: Path, shape: tuple[int, int], num_classes: int, image: Path | None = None) -> np.ndarray:
+    """A ground-truth map for ``--labels`` (any label file, or a single-band GeoTIFF): (H, W) int64, 0..K
+    (on ``image``'s grid where both carry a georeference)."""
     gt = read_labels(path, None, None)  # a single-band GeoTIFF is a label map too
+    if image is not None and image.exists():
+        check_same_grid(image, path, "--labels map")
     if gt.shape != tuple(shape):
         raise DataError(f"--labels {path}: the map is {gt.shape[0]} x {gt.shape[1]}, the scene {shape[0]} x {shape[1]}")
     if gt.max() > num_classes:
@@ -162,7 +165,7 @@ def predict_hsi_file(
         assert trained.wavelengths is not None and plan.wavelengths is not None
         norm = norm.at_wavelengths(trained.wavelengths, plan.wavelengths)
     if options.labels is not None:
-        scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names))
+        scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names), input_path)
     nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): label 0, NaN probabilities
     cube = fill_nodata(scene.cube, nodata, norm.shift)  # 0 once normalised: neighbours' patches stay clean
     padded = pad_cube(norm.transform(cube, str(input_path)), patch_size, padding)  # (C, H + 2r, W + 2r)

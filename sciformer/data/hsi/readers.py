@@ -279,7 +279,8 @@ def read_scene(
         path: image file (.mat, .hdr or ENVI data file, .lan, .npy, .npz).
         image_key: array holding the cube; found automatically when None.
         label_key: array holding the labels (in ``label_path`` if given, else in ``path``).
-        label_path: separate file holding the label map.
+        label_path: separate file holding the label map, paired pixel by pixel with the
+            image (when both carry a georeference, their grids must agree: a DataError otherwise).
         wavelength_key: array of band centres; else taken from an ENVI header
             (``wavelength`` in its ``wavelength units``) or an array named like
             ``wavelength`` with one value per band. Returned in nm; unit-less values
@@ -304,8 +305,11 @@ def read_scene(
     names = class_names
     if labels != "none":
         if label_path is not None:
+            from sciformer.data.hsi.georef import check_same_grid
+
             lc = open_container(label_path)
             lkey = _pick_label_key(lc, label_key, None, None, "required")
+            check_same_grid(c.path, lc.path)
         else:
             lc = c
             lkey = _pick_label_key(c, label_key, hw, key, labels if label_key is None else "required")

@@ -94,3 +94,32 @@ def test_unscaled_geotiff_keeps_its_dtype(tmp_path: Path) -> None:
     cube = read_scene(path, labels="none").cube
     assert cube.dtype == np.int16
     np.testing.assert_array_equal(cube, raw)
+
+
+@pytest.mark.parametrize(("origin", "crs", "refused"), [
+    ((500000.0, 4000000.0), "EPSG:32633", False),  # the same grid
+    ((500300.0, 4000000.0), "EPSG:32633", True),  # 10 pixels east
+    ((500000.0, 4000000.0), "EPSG:32634", True),  # another UTM zone
+    (None, None, False),  # a label map without georeference: paired by pixel
+])
+def test_label_map_on_another_grid_is_refused(tmp_path: Path, origin: tuple[float, float] | None, crs: str | None,
+                                               refused: bool) -> None:
+    from sciformer.data.hsi.predict import read_label_map
+    from sciformer.errors import DataError
+
+    gt = _labels(4, 5)
+    cube_path = _write_tif(tmp_path / "cube.tif", np.ones((4, 5, 3), np.uint16), crs="EPSG:32633",
+                           transform=from_origin(500000.0, 4000000.0, 30, 30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        placed = {} if origin is None else {"crs": crs, "transform": from_origin(*origin, 30, 30)}
+        gt_path = _write_tif(tmp_path / "gt.tif", gt, **placed)
+    if not refused:
+        np.testing.assert_array_equal(read_scene(cube_path, label_path=gt_path, labels="required").gt, gt)
+        np.testing.assert_array_equal(read_label_map(gt_path, (4, 5), 3, cube_path), gt)
+        return
+    with pytest.raises(DataError) as err:
+        read_scene(cube_path, label_path=gt_path, labels="required")
+    assert str(gt_path) in str(err.value) and str(cube_path) in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(DataError, match="--labels map"):
+        read_label_map(gt_path, (4, 5), 3, cube_path)
