@@ -200,3 +200,25 @@ def test_evaluate_without_centres_runs_at_the_checkpoints(runs: dict[str, Path],
     scene = [f"data.source={root / 'full.npy'}", f"data.label_path={root / 'gt.npy'}"]
     assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "a"), *scene]) == 0
     assert 0.0 <= json.loads((tmp_path / "a" / "metrics.json").read_text())["oa"] <= 1.0
+
+
+def test_pca_model_checks_band_centres_as_an_index_model_does(runs: dict[str, Path], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    root = runs["root"]
+    (tmp_path / "pca.yaml").write_text(YAML.format(source="auto"))
+    assert main(["train", "-c", str(tmp_path / "pca.yaml"), "-o", str(tmp_path / "pca"), "data.pca_components=5"]) == 0
+    state = torch.load(tmp_path / "pca" / "checkpoints" / "best.pt", weights_only=True)["data_state"]
+    np.testing.assert_allclose(state["wavelengths"].numpy(), np.sort(np.load(root / "wl.npy")), atol=1e-3)  # recorded, ascending
+    capsys.readouterr()
+    np.savetxt(tmp_path / "other.txt", np.linspace(400.0, 1000.0, 200))  # another sensor's 200 centres
+    assert predict(tmp_path / "pca", root / "full.npy", tmp_path / "x.npy", "--wavelengths", str(tmp_path / "other.txt")) == 2
+    err = one_error_line(capsys)
+    assert "band centres differ from the model's" in err and "PCA" in err and "--allow-band-mismatch" in err
+    assert predict(tmp_path / "pca", root / "full.npy", tmp_path / "x.npy", "--wavelengths", str(tmp_path / "other.txt"),
+                   "--allow-band-mismatch") == 0
+    assert capsys.readouterr().err.startswith("WARNING: ")
+    assert predict(tmp_path / "pca", root / "full.npy", tmp_path / "y.npy", "--wavelengths", str(root / "wl.npy")) == 0
+    listing = "data.wavelengths=[" + ",".join(f"{w:.3f}" for w in np.linspace(400.0, 1000.0, 200)) + "]"
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "pca"), "-o", str(tmp_path / "e"),
+                 f"data.source={root / 'full.npy'}", f"data.label_path={root / 'gt.npy'}", listing]) == 2
+    assert "band centres differ from the model's" in one_error_line(capsys)

@@ -4,7 +4,9 @@
 call :func:`plan_bands`. A model *places bands by wavelength* when its
 ``model.position_source`` is ``wavelength``, or ``auto`` and its training scene had band
 centres (the checkpoint records them as ``data_state["wavelengths"]``, nm); otherwise it
-places them by band index (``index``, a scene without centres, or PCA components).
+places them by band index (``index``, a scene without centres, or PCA components: a PCA
+model's training centres are recorded too, and checked as an index model's are; a checkpoint
+that recorded none is not checked).
 
 ======================  ===================  ==========================================
 model places bands by   the input            result
@@ -59,7 +61,8 @@ class TrainedBands:
         wl = None if raw is None else np.asarray(raw.tolist() if hasattr(raw, "tolist") else raw, dtype=np.float64).reshape(-1)
         source = str(state.get("position_source") or "auto")
         pca = (state.get("normaliser") or {}).get("pca_components")
-        return cls(bands, wl, wl is not None and source != "index", None if pca is None else int(pca))
+        pca = None if pca is None else int(pca)
+        return cls(bands, wl, wl is not None and source != "index" and pca is None, pca)  # PCA components: by index
 
     @property
     def placement(self) -> str:
@@ -146,8 +149,8 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
                         "(data.wavelengths or data.wavelength_key) and model.position_source=wavelength")
     if wl is not None and trained.wavelengths is not None and not same_wavelengths(wl, trained.wavelengths):
         i = int(np.argmax(np.abs(wl - trained.wavelengths)))
-        detail = (f"{where}: band centres differ from the model's (band {i}: {wl[i]:g} vs {trained.wavelengths[i]:g} nm) "
-                  "and the model places bands by index")
+        how = "its PCA was fitted on the trained bands" if trained.pca_components is not None else "the model places bands by index"
+        detail = f"{where}: band centres differ from the model's (band {i}: {wl[i]:g} vs {trained.wavelengths[i]:g} nm) and {how}"
         if not allow:
             raise DataError(f"{detail}; pass --allow-band-mismatch (allow_band_mismatch=True in Python) to run anyway")
         return BandPlan(None, notes=[f"WARNING: {detail}: the predictions may be meaningless (--allow-band-mismatch)"])

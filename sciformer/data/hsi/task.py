@@ -213,6 +213,8 @@ class HSISceneTask(TaskData):
         }
         if self._wavelength is not None:
             state["wavelengths"] = self._wavelength.clone()
+        elif self.wavelengths is not None:  # PCA: the centres its components were fitted on, checked like an index model's
+            state["wavelengths"] = torch.as_tensor(np.asarray(self.wavelengths), dtype=torch.float32)
         if self.wavelengths is not None:  # trained on bands in ascending order of centre (every input gets sorted too)
             state["bands_ascending"] = True
         if self.band_order is not None:  # the training file's bands, in that order: an input without centres is read alike
@@ -229,8 +231,7 @@ class HSISceneTask(TaskData):
         if back is not None and self.normalizer.pca_components is None:  # an older checkpoint's band order
             self.padded.copy_(self.padded[torch.as_tensor(back)])  # in place: datasets made already share it
             self.wavelengths = None if self.wavelengths is None else self.wavelengths[back]
-        wl = None if self.normalizer.pca_components is not None else self.wavelengths
-        plan = plan_bands(trained, self.facts.bands, wl, self.facts.source, allow_mismatch=allow_band_mismatch)
+        plan = plan_bands(trained, self.facts.bands, self.wavelengths, self.facts.source, allow_mismatch=allow_band_mismatch)
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
         names = [str(n) for n in state.get("class_names") or []]
         if self.cfg.class_names is None and len(names) == len(self.class_names):  # the model's classes, by its names

@@ -125,3 +125,14 @@ def test_an_older_checkpoint_out_of_order_gets_its_own_order_back() -> None:
     np.testing.assert_array_equal(np.sort(trained)[back], trained)
     assert checkpoint_order(np.sort(trained), np.sort(trained)) is None  # sorted checkpoints: nothing to do
     assert checkpoint_order(trained, np.sort(trained) + 50.0) is None  # another band set: ascending order
+
+
+def test_pca_model_checks_centres_only_when_its_checkpoint_recorded_them(capsys: pytest.CaptureFixture[str]) -> None:
+    other = np.linspace(400.0, 1000.0, 200)  # same count, another sensor
+    assert not trained(pca=30).by_wavelength and trained(pca=30).placement == "PCA component"
+    with pytest.raises(DataError, match="band centres differ from the model's.*PCA.*--allow-band-mismatch"):
+        plan_bands(trained(pca=30), 200, other, "x.npy")
+    plan = plan_bands(trained(pca=30), 200, other, "x.npy", allow_mismatch=True)
+    assert plan.wavelengths is None and capsys.readouterr().err.startswith("WARNING: ")
+    assert plan_bands(trained(pca=30), 200, WL, "x.npy").wavelengths is None  # the same centres: runs, by index
+    assert plan_bands(trained(pca=30, wavelengths=None), 200, other, "x.npy").notes == []  # an older checkpoint: as before
