@@ -36,6 +36,18 @@ from sciformer.errors import ConfigError, DataError, SciformerError
 
 Batch = dict[str, Any]
 PredictFn = Callable[[Batch], torch.Tensor]  # batch dict -> logits (n, num_classes)
+# Optional batch key: (num_classes,) bool, False for classes the model may never predict (no
+# training pixel, e.g. label ids that were never used); see :func:`masked_logits`.
+CLASS_MASK = "class_mask"
+
+
+def masked_logits(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``logits`` (n, C) with the classes ``batch[CLASS_MASK]`` rules out set to -inf (never the
+    arg-max, probability exactly 0); ``logits`` itself when the batch carries no mask."""
+    mask = batch.get(CLASS_MASK)
+    if mask is None:
+        return logits
+    return logits.masked_fill(~torch.as_tensor(mask, dtype=torch.bool, device=logits.device), float("-inf"))
 # (target, pred) per-point label arrays, e.g. one pair per whole scene -> JSON-ready scores.
 # The engine supplies it (sciformer.engine.metrics.label_scorer) so scores have one home.
 ScoreFn = Callable[[Iterable[tuple[np.ndarray, np.ndarray]]], dict[str, Any]]

@@ -15,7 +15,7 @@ from torch import nn
 
 from sciformer import config
 from sciformer.config import Experiment
-from sciformer.contracts import PredictFn
+from sciformer.contracts import PredictFn, masked_logits
 from sciformer.engine import builders
 from sciformer.engine.checkpoint import checkpoint_file, load_checkpoint
 from sciformer.engine.loops import autocast, to_device
@@ -93,13 +93,16 @@ def predictor_state(state: dict[str, Any], exp: Experiment) -> dict[str, Any]:
 
 
 def predict_fn(model: nn.Module, device: torch.device, amp: str) -> PredictFn:
-    """``batch -> logits`` (float32, on ``device``) with the model in eval mode, no grad."""
+    """``batch -> logits`` (float32, on ``device``) with the model in eval mode, no grad; classes
+    the batch rules out (:func:`~sciformer.contracts.masked_logits`) at -inf."""
 
     @torch.no_grad()
     def predict(batch: dict[str, Any]) -> torch.Tensor:
         model.eval()
+        batch = to_device(batch, device)
         with autocast(device, amp):
-            return model(to_device(batch, device)).float()
+            logits = model(batch).float()
+        return masked_logits(logits, batch)
 
     return predict
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sciformer.contracts import Batch
+from sciformer.contracts import Batch, masked_logits
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU
 from sciformer.errors import SciformerError
 
@@ -159,7 +159,7 @@ def evaluate(
         votes = int(batch.get("votes", 1))
         if votes > 1:
             logits, target = merge_votes(logits, target, votes)  # (n, C) log-probabilities, (n,)
-        confusion.update(parts.update(logits, target, batch) if parts is not None else logits.argmax(dim=1), target)
+        confusion.update(parts.update(logits, target, batch) if parts is not None else masked_logits(logits, batch).argmax(dim=1), target)
         if loss_fn is not None:
             n = loss_weight(loss_fn, target)
             if n:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from sciformer.contracts import (
+    CLASS_MASK,
     Batch,
     PredictFn,
     PredictOptions,
@@ -89,6 +90,18 @@ def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None
     return cube, wl
 
 
+def trained_class_mask(present: Any, num_classes: int) -> torch.Tensor | None:
+    """(num_classes,) bool, True for the 0-based classes in ``present`` (those with training pixels,
+    as a checkpoint's ``trained_classes`` records them); None when every class is there or no
+    record exists (an older checkpoint: every class may be predicted, as before)."""
+    if present is None:
+        return None
+    mask = torch.zeros(num_classes, dtype=torch.bool)
+    ids = [int(i) for i in present if 0 <= int(i) < num_classes]
+    mask[ids] = True
+    return None if bool(mask.all()) or not ids else mask
+
+
 def read_label_map(path: Path, shape: tuple[int, int], num_classes: int, image: Path | None = None) -> np.ndarray:
     """A ground-truth map for ``--labels`` (any label file, or a single-band GeoTIFF): (H, W) int64, 0..K
     (on ``image``'s grid where both carry a georeference)."""
@@ -145,6 +158,8 @@ def predict_hsi_file(
     The input's band set is matched to the model's by :func:`~sciformer.data.hsi.bandmatch.plan_bands`
     (centres from the file or ``options.wavelengths``; ``options.allow_band_mismatch``).
     No-data pixels (:mod:`~sciformer.data.hsi.nodata`) get label 0 and NaN probabilities.
+    A class without training pixels (the checkpoint's ``trained_classes``) is never predicted:
+    its probability is 0.
     """
     options, input_path, output_path = start_prediction(
         "hsi_scene", options, input_path, output_path, PREDICT_SUFFIXES,
@@ -170,11 +185,14 @@ def predict_hsi_file(
     cube = fill_nodata(scene.cube, nodata, norm.shift)  # 0 once normalised: neighbours' patches stay clean
     padded = pad_cube(norm.transform(cube, str(input_path)), patch_size, padding)  # (C, H + 2r, W + 2r)
     wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)  # (B,)
+    class_mask = trained_class_mask(state.get("trained_classes"), len(class_names))  # (K,): classes never trained: never predicted
 
     def make_batch(patches: torch.Tensor) -> Batch:
         batch: Batch = {"patch": patches}
         if wavelength is not None:
             batch["wavelength"] = wavelength
+        if class_mask is not None:
+            batch[CLASS_MASK] = class_mask
         return batch
 
     h, w = scene.cube.shape[:2]

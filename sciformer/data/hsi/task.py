@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from sciformer.contracts import (
+    CLASS_MASK,
     Batch,
     BuildContext,
     DataInfo,
@@ -55,7 +56,7 @@ from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels, refuse_labelled_nodata
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
-from sciformer.data.hsi.predict import predict_hsi_file
+from sciformer.data.hsi.predict import predict_hsi_file, trained_class_mask
 from sciformer.data.hsi.scene_setup import class_names_for, load_source, make_split
 from sciformer.data.hsi.splits import Split
 from sciformer.errors import ConfigError, DataError
@@ -119,6 +120,8 @@ class HSISceneTask(TaskData):
         self._datasets: dict[str, PatchDataset] = {}
         self.band_order: np.ndarray | None = None  # the permutation that sorted the training file's bands, if any
         self.nodata: np.ndarray | None = None  # (H, W) no-data pixels: label 0 in exported maps
+        present = [i for i, n in enumerate(self.class_counts()) if n > 0]
+        self.class_mask = trained_class_mask(present, self.info.num_classes)  # (K,) False: no training pixel, never predicted
 
     # ------------------------------------------------------------------ data
     def dataset(self, split: str) -> PatchDataset:
@@ -163,6 +166,8 @@ class HSISceneTask(TaskData):
         }
         if self._wavelength is not None:
             batch["wavelength"] = self._wavelength  # (B,)
+        if self.class_mask is not None:
+            batch[CLASS_MASK] = self.class_mask  # (K,)
         return batch
 
     def make_batch(self, patches: torch.Tensor) -> Batch:
@@ -170,6 +175,8 @@ class HSISceneTask(TaskData):
         batch: Batch = {"patch": patches}
         if self._wavelength is not None:
             batch["wavelength"] = self._wavelength
+        if self.class_mask is not None:
+            batch[CLASS_MASK] = self.class_mask
         return batch
 
     # ------------------------------------------------------------------ reporting
@@ -210,6 +217,7 @@ class HSISceneTask(TaskData):
             "padding": str(self.cfg.padding),
             "in_bands": int(self.facts.bands),
             "in_channels": int(self.info.in_channels),
+            "trained_classes": [i for i, n in enumerate(self.class_counts()) if n > 0],  # 0-based; the others are never predicted
         }
         if self._wavelength is not None:
             state["wavelengths"] = self._wavelength.clone()
@@ -233,6 +241,7 @@ class HSISceneTask(TaskData):
             self.wavelengths = None if self.wavelengths is None else self.wavelengths[back]
         plan = plan_bands(trained, self.facts.bands, self.wavelengths, self.facts.source, allow_mismatch=allow_band_mismatch)
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
+        self.class_mask = trained_class_mask(state.get("trained_classes"), self.info.num_classes)  # none recorded: every class
         names = [str(n) for n in state.get("class_names") or []]
         if self.cfg.class_names is None and len(names) == len(self.class_names):  # the model's classes, by its names
             self.class_names = self.info.class_names = names
