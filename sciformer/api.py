@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.errors import ConfigError, DataError, SciformerError
+from sciformer.frontend import python_api
 
 PathLike = str | os.PathLike[str]
 _POINT_FIELDS = ("colour", "normal", "intensity")  # per-point inputs a point file carries besides coordinates
@@ -317,6 +318,10 @@ def train(
     checkpoint or run folder whose weights matching by name and shape start the new run
     (fine-tuning, as ``--init-from``); the others, e.g. a head for another class count,
     keep their fresh initialisation.
+
+    Ctrl-C (or SIGTERM) while training steps run writes ``checkpoints/last.pt`` first, then
+    reaches the caller as a ``KeyboardInterrupt`` (:class:`sciformer.engine.signals.Interrupted`,
+    never a :class:`SciformerError`) whose message names ``sciformer.train(resume=RUN)``.
     """
     from sciformer.engine.launch import prepare_training, run_training
     from sciformer.engine.reporting import read_metrics_csv
@@ -324,7 +329,7 @@ def train(
     if not isinstance(config, (str, os.PathLike, Mapping, type(None))):
         raise ConfigError(f"train: config must be a YAML path or a dict of sections, got {config!r:.80}")
     source = dict(config) if isinstance(config, Mapping) else config
-    with _process_state_kept():  # the run sets torch's threads and seeds the global generators for itself
+    with python_api(), _process_state_kept():  # the run sets torch's threads and seeds the global generators for itself
         exp, run_dir, state = prepare_training(source, _override_list(overrides), output_dir=output_dir, resume=resume,
                                                seed=seed, base_dir=base_dir, init_from=init_from)
         result = run_training(exp, run_dir, state)

@@ -333,10 +333,11 @@ def _run_command(argv: list[str] | None) -> int:
         code = COMMANDS[args.command](args)
         _quiet_signals()  # done and written: a signal from here on cannot make it look failed
         return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # engine.signals.Interrupted: stopped between steps, its checkpoint written
         _quiet_signals()
-        _report(args.command, "interrupted")
-        return _interrupted_exit()
+        stopped = hasattr(exc, "exit_code")  # its line says how to continue
+        _report(args.command, f"error: {exc}" if stopped else "interrupted")
+        return exc.exit_code if stopped else _interrupted_exit()  # type: ignore[attr-defined]
     except (SciformerError, OSError, MemoryError, RuntimeError, ImportError) as exc:  # + full disk, unwritable folder, out of memory
         what = str(exc) if isinstance(exc, SciformerError) else resource_failure(exc)
         if what is None or os.environ.get("SCIFORMER_DEBUG"):

@@ -111,13 +111,17 @@ def run_training(exp: Experiment, run_dir: Path, state: dict[str, Any] | None = 
     with RunLog() as run_log:
         trainer = Trainer(exp, run_dir, resume_state=state)
         try:
+            try:
+                if trainer.dist.is_main:
+                    run_log.attach(run_dir / "train.log", append=state is not None)
+                else:
+                    run_log.drop()
+                result = trainer.fit()
+            finally:
+                shutdown(trainer.dist)
             if trainer.dist.is_main:
-                run_log.attach(run_dir / "train.log", append=state is not None)
-            else:
-                run_log.drop()
-            result = trainer.fit()
-        finally:
-            shutdown(trainer.dist)
-        if trainer.dist.is_main:
-            write_report(run_dir, quiet=True)
+                write_report(run_dir, quiet=True)
+        finally:  # unlocked now, also after an error or Ctrl-C: a caller's traceback keeps the trainer (and
+            if trainer._lock is not None:  # its lock) alive, and sciformer.train(resume=RUN) must find the folder free
+                trainer._lock.release()
     return result

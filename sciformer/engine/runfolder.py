@@ -26,6 +26,7 @@ from typing import IO, Any
 from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, holds_pid_only, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.engine.report import EVALUATION_TABLES
 from sciformer.errors import CheckpointError, SciformerError
+from sciformer.frontend import resume_hint
 from sciformer.utils.atomic import temporary_of
 
 
@@ -334,10 +335,8 @@ def retire_test_result(run_dir: Path, log: Any = print) -> None:
 
 
 def resume_command(run_dir: Path, world_size: int) -> str:
-    """The command that continues ``run_dir`` as it ran: on ``world_size`` processes under torchrun."""
-    if world_size <= 1:
-        return f"sciformer train --resume {run_dir}"
-    return f"torchrun --nproc-per-node {world_size} -m sciformer train --resume {run_dir} (the same torchrun options as the run)"
+    """The command (or, from Python, the call) that continues ``run_dir`` as it ran: on ``world_size`` processes under torchrun."""
+    return resume_hint(run_dir, world_size)
 
 
 def check_resume_layout(state: dict[str, Any], where: str, steps_per_epoch: int, world_size: int) -> None:

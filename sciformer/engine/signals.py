@@ -22,14 +22,20 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-from sciformer.errors import SciformerError
 from sciformer.utils.ranks import is_main_process
 
 
-class Interrupted(SciformerError):
-    """Training stopped by SIGINT/SIGTERM after writing a checkpoint."""
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by SIGINT/SIGTERM after writing a checkpoint; the message says how to continue.
+
+    A KeyboardInterrupt, not a :class:`SciformerError`: a script that skips bad configs with
+    ``except SciformerError`` still stops on Ctrl-C. The command line prints the message and exits 130.
+    """
 
     exit_code = 130
+
+    def __str__(self) -> str:  # one line
+        return " ".join(super().__str__().split())
 
 
 def _main_thread() -> bool:

@@ -1,0 +1,58 @@
+"""Which front end a call came through: the command line or the Python API (:mod:`sciformer.api`).
+
+A message names what its reader typed: ``--tta-rotations 4`` on the command line,
+``rotations=4`` from Python. The API's entry points run inside :func:`python_api`;
+messages format an option with :func:`option` and a way to continue a run with
+:func:`resume_hint`, never a command-line flag spelled out for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+
+_PYTHON: ContextVar[bool] = ContextVar("sciformer_python_api", default=False)
+_NO_VALUE = object()
+
+KEYWORDS = {  # command-line flag -> keyword of the Python API
+    "--config": "config", "--output-dir": "output_dir", "--resume": "resume", "--init-from": "init_from", "--seed": "seed",
+    "--epochs": "epochs", "--mask-ratio": "mask_ratio", "--band-group": "band_group", "--pixel-ratio": "pixel_ratio",
+    "--pixels": "pixels", "--overlap": "overlap", "--tta-rotations": "rotations", "--tta-flip": "flip", "--votes": "votes",
+    "--columns": "columns", "--category": "category", "--labels": "labels", "--wavelengths": "wavelengths",
+    "--allow-band-mismatch": "allow_band_mismatch", "--batch-size": "batch_size", "--device": "device",
+}
+
+
+@contextlib.contextmanager
+def python_api() -> Iterator[None]:
+    """Messages raised in the block name the Python keywords (``rotations=``), not the flags."""
+    token = _PYTHON.set(True)
+    try:
+        yield
+    finally:
+        _PYTHON.reset(token)
+
+
+def from_python() -> bool:
+    """Whether the running call came through the Python API."""
+    return _PYTHON.get()
+
+
+def option(flag: str, value: object = _NO_VALUE) -> str:
+    """``--flag`` or ``--flag VALUE`` on the command line; ``keyword=`` or ``keyword=VALUE`` from Python."""
+    keyword = KEYWORDS.get(flag)
+    if keyword is None or not from_python():
+        return flag if value is _NO_VALUE else f"{flag} {value}"
+    if value is _NO_VALUE:
+        return f"{keyword}="
+    return f"{keyword}={str(value)!r}" if isinstance(value, (str, os.PathLike)) else f"{keyword}={value}"
+
+
+def resume_hint(run_dir: str | Path, world_size: int = 1) -> str:
+    """How to continue ``run_dir`` as it ran: on ``world_size`` processes under torchrun."""
+    if world_size > 1:
+        return f"torchrun --nproc-per-node {world_size} -m sciformer train --resume {run_dir} (the same torchrun options as the run)"
+    return f"sciformer.train(resume={str(run_dir)!r})" if from_python() else f"sciformer train --resume {run_dir}"
