@@ -356,6 +356,7 @@ def pretrain(
 
     ``pixels="all"`` pre-trains on every pixel of the scene (test and unlabelled ones
     included; no label enters the objective), ``"train"`` on the training pixels only.
+    The caller's torch thread count and random generator states are as before when it returns.
     """
     from sciformer.engine.pretrain import PretrainSettings, pretrain_config
     from sciformer.utils.ranks import check_one_process
@@ -363,7 +364,8 @@ def pretrain(
     check_one_process("pretrain")  # under torchrun every process would run it whole
     settings = PretrainSettings(epochs=epochs, mask_ratio=mask_ratio, band_group=band_group, pixel_ratio=pixel_ratio, pixels=pixels)
     source = dict(config) if isinstance(config, Mapping) else config
-    return pretrain_config(source, _override_list(overrides), settings, output_dir=output_dir, seed=seed, base_dir=base_dir)
+    with python_api(), _process_state_kept():  # as train: threads and seeded generators for the run only
+        return pretrain_config(source, _override_list(overrides), settings, output_dir=output_dir, seed=seed, base_dir=base_dir)
 
 
 __all__ = ["Prediction", "Predictor", "TrainResult", "load", "pretrain", "train"]

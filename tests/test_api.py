@@ -154,6 +154,18 @@ def test_a_run_leaves_the_callers_threads_and_random_generators_as_they_were(hsi
     assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
 
 
+def test_pretrain_leaves_the_callers_threads_and_random_generators_as_they_were(hsi: dict[str, Path], tmp_path: Path) -> None:
+    import random
+
+    torch.set_num_threads(2)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    expected = (random.random(), np.random.random(), torch.rand(1).item())
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    sciformer.pretrain(hsi["yaml"], ["train.threads=1"], epochs=1, band_group=3, output_dir=tmp_path / "pre")
+    assert torch.get_num_threads() == 2
+    assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
+
+
 def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s3dis: dict[str, Path], tmp_path: Path) -> None:
     """Wrong types raise sciformer's errors naming the argument, never a bare TypeError from deep inside
     nor a silent reinterpretation (a (c, n) feature table, flip="no", batch_size=0)."""
