@@ -85,7 +85,8 @@ class Predictor:
         if not all(isinstance(s, (str, os.PathLike)) for s in sources):  # (none at all: load_models says so)
             raise SciformerError(f"load: expected a run folder, a checkpoint file or a list of them, got {run_or_checkpoint!r:.80}")
         self.source = Path(sources[0]) if len(sources) == 1 else [Path(s) for s in sources]
-        self.experiment, state, self.model, self.device = load_models(sources, _override_list(overrides), device)
+        with _process_state_kept():  # loading sets train.threads; predict sets it again, for the call only
+            self.experiment, state, self.model, self.device = load_models(sources, _override_list(overrides), device)
         self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
         self.members = len(sources)  # 1, or the checkpoints of an ensemble
@@ -139,11 +140,13 @@ class Predictor:
         any band set; see :mod:`sciformer.data.hsi.bandmatch` for the rules. ``options``:
         those of ``sciformer predict`` (:class:`sciformer.contracts.PredictOptions`:
         ``overlap``, ``rotations``, ``flip``, ``votes``, ``category``, ``columns``,
-        ``labels``, ``allow_band_mismatch``).
+        ``labels``, ``allow_band_mismatch``). It runs on the trained run's ``train.threads``
+        and gives the caller's torch thread count and random generator states back after.
         """
         import torch
 
         from sciformer.contracts import PredictOptions
+        from sciformer.engine.runtime import apply_threads
 
         unknown = sorted(set(options) - set(PredictOptions.FLAGS) - {"probabilities"})
         if unknown:
@@ -166,7 +169,8 @@ class Predictor:
                 input_path = self._write_points(tmp_dir, data, features)
             opts = PredictOptions(probabilities=self.kind in ("points", "hsi"), wavelengths=wavelengths, **options)
             try:
-                with torch.no_grad():
+                with torch.no_grad(), _process_state_kept():  # the run's train.threads for the call only, as train
+                    apply_threads(self.experiment.cfg.train.threads)
                     return self._run(dict(self.data_state), input_path, tmp_dir, batch_size, opts)
             except SciformerError as exc:
                 if input_path.parent != tmp_dir:

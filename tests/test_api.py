@@ -166,6 +166,18 @@ def test_pretrain_leaves_the_callers_threads_and_random_generators_as_they_were(
     assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
 
 
+def test_load_and_predict_leave_the_callers_threads_and_predict_on_the_runs(hsi: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.threads (1 in this run) holds inside predict only; load changes nothing."""
+    torch.set_num_threads(2)
+    model = sciformer.load(hsi["run"], device="cpu")
+    assert torch.get_num_threads() == 2
+    seen = []
+    run = sciformer.api.Predictor._run
+    monkeypatch.setattr(sciformer.api.Predictor, "_run", lambda self, *a: seen.append(torch.get_num_threads()) or run(self, *a))
+    model.predict(np.load(hsi["cube"]))
+    assert seen == [1] and torch.get_num_threads() == 2
+
+
 def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s3dis: dict[str, Path], tmp_path: Path) -> None:
     """Wrong types raise sciformer's errors naming the argument, never a bare TypeError from deep inside
     nor a silent reinterpretation (a (c, n) feature table, flip="no", batch_size=0)."""
