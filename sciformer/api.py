@@ -285,8 +285,8 @@ def _override_list(overrides: Sequence[str] | Mapping[str, Any] | None) -> list[
     if overrides is None:
         return []
     if isinstance(overrides, Mapping):
-        try:  # numpy / torch values as the plain numbers and lists they hold
-            return [f"{k}={v if isinstance(v, str) else json.dumps(v, default=_plain)}" for k, v in overrides.items()]
+        try:  # a str as exactly that string (never re-read as YAML); numpy / torch values as the plain numbers and lists they hold
+            return [f"{k}={_quoted(v) if isinstance(v, str) else json.dumps(v, default=_plain)}" for k, v in overrides.items()]
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"overrides: a value cannot be written as YAML ({exc})") from None
     if isinstance(overrides, str):
@@ -294,6 +294,13 @@ def _override_list(overrides: Sequence[str] | Mapping[str, Any] | None) -> list[
     if not isinstance(overrides, Sequence) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError(f"overrides: expected 'key=value' strings (a list) or a dict, got {overrides!r:.80}")
     return list(overrides)
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a double-quoted YAML scalar: read back as this very string ('#', ':', '123', 'null' included)."""
+    import yaml
+
+    return yaml.safe_dump(str(text), default_style='"', width=float("inf"), allow_unicode=True).rstrip("\n")
 
 
 def _plain(value: Any) -> Any:
@@ -317,7 +324,8 @@ def train(
 
     ``config``: a YAML path or a dict of sections (relative paths in a dict resolve
     against ``base_dir``, default the working folder). ``overrides``: ``["train.epochs=5"]``
-    or ``{"train.epochs": 5}``. ``output_dir``: the run folder (default
+    or ``{"train.epochs": 5}`` (a dict holds Python values: a str stays exactly that string,
+    never re-read as YAML, so ``{"name": "run #2"}`` is not cut at '#'). ``output_dir``: the run folder (default
     ``runs/<name>-<time>``). ``resume``: continue a stopped run instead. ``init_from``: a
     checkpoint or run folder whose weights matching by name and shape start the new run
     (fine-tuning, as ``--init-from``); the others, e.g. a head for another class count,
