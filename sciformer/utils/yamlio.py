@@ -1,8 +1,11 @@
 """Safe YAML loading with YAML 1.2 scalars and one-line errors.
 
-PyYAML follows YAML 1.1: ``1e-3`` loads as a string and ``on``/``off``/``yes``/``no``
-as booleans. Experiment files expect YAML 1.2 behaviour, so this loader reads
-exponent floats without a dot as floats and keeps ``on``/``yes`` as strings.
+PyYAML follows YAML 1.1: ``1e-3`` loads as a string, ``on``/``off``/``yes``/``no``
+as booleans, ``010`` as octal 8 and ``1:30`` as sexagesimal 90. Experiment files expect
+YAML 1.2 (core schema) behaviour, so this loader reads exponent floats without a dot as
+floats, keeps ``on``/``yes`` as strings, and reads integers as decimal (``010`` is 10),
+``0o17`` octal or ``0x1F`` hexadecimal; ``1:30`` or ``0b101`` are strings. (``_`` between
+digits, as in ``1_000``, is kept from YAML 1.1 for integers and floats alike.)
 Only plain data is constructed: ``!!python/...`` tags are refused.
 """
 
@@ -24,6 +27,7 @@ _FLOAT_12 = re.compile(
     |\.(?:nan|NaN|NAN))$""",
     re.X,
 )
+_INT_12 = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _MAX_EXPANDED_NODES = 100_000  # guards against "billion laughs" alias bombs
 
@@ -50,14 +54,23 @@ class _Loader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """A YAML 1.2 integer: decimal (leading zeros too), ``0o`` octal or ``0x`` hexadecimal."""
+        text = str(self.construct_scalar(node)).replace("_", "")
+        if text[:2] in ("0o", "0x"):
+            return int(text[2:], 8 if text[1] == "o" else 16)
+        return int(text)
 
-# Drop the YAML 1.1 resolvers for bool and float, then add the 1.2 ones.
+
+# Drop the YAML 1.1 resolvers for bool, int and float, then add the 1.2 ones.
 _Loader.yaml_implicit_resolvers = {
-    key: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")]
+    key: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_12, list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT_12, list("-+0123456789"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 def loads(text: str, *, source: str = "<string>") -> Any:
@@ -120,6 +133,16 @@ def load_file(path: Path) -> Any:
     return loads(text, source=str(path))
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes a string that either YAML 1.1 or this loader would read as another type (``0o17``, ``1e3``, ``010``, ``yes``)."""
+
+
+_Dumper.yaml_implicit_resolvers = {
+    key: [*yaml.SafeDumper.yaml_implicit_resolvers.get(key, []), *_Loader.yaml_implicit_resolvers.get(key, [])]
+    for key in {*yaml.SafeDumper.yaml_implicit_resolvers, *_Loader.yaml_implicit_resolvers}
+}
+
+
 def dumps(data: Any) -> str:
-    """Dump plain data as block-style YAML with keys in insertion order."""
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    """Dump plain data as block-style YAML with keys in insertion order (read back by :func:`loads` as it was)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
