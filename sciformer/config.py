@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from sciformer.config_numbers import bool_for_number
-from sciformer.contracts import METRIC_NAMES, plain_scalar
+from sciformer.contracts import METRIC_NAMES, SEED_MAX, plain_scalar
 from sciformer.errors import ConfigError
 from sciformer.registry import DATASETS, MODELS, Registry
 from sciformer.utils import yamlio
@@ -110,7 +110,7 @@ class ScheduleConfig(Section):
 class TrainConfig(Section):
     epochs: int = Field(100, ge=1, le=MAX_EPOCHS)
     batch_size: int = Field(64, ge=1, le=MAX_BATCH)
-    seed: int = Field(0, ge=0, le=2**32 - 1)
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     deterministic: bool = False
     grad_clip: float | None = Field(None, gt=0)
     amp: Literal["none", "bf16", "fp16"] = "none"  # fp16 only on CUDA

@@ -191,6 +191,7 @@ class DataInfo:
             self.patch_size = check_patch_size(self.patch_size, key="DataInfo.patch_size")
 
 
+SEED_MAX = 2**32 - 1  # every config seed is 0..2**32-1: what numpy's global seeding takes
 MAX_PATCH_SIZE = 99  # a (B, 99, 99) window is already ~8 MB per sample at 200 bands
 
 

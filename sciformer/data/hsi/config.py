@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sciformer.contracts import check_patch_size
+from sciformer.contracts import SEED_MAX, check_patch_size
 from sciformer.data.hsi.wavelengths import given_nanometres
 
 # ----------------------------------------------------------------------------- config
@@ -39,7 +39,7 @@ class SplitConfig(BaseModel):
     # validation, from training pixels only
     val_fraction: float | None = Field(0.1, ge=0.0, lt=1.0)
     val_per_class: int | None = Field(None, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)  # null: train.seed
 
     @field_validator("train_per_class", mode="before")
     @classmethod

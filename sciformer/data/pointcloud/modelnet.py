@@ -45,6 +45,7 @@ import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sciformer.contracts import (
+    SEED_MAX,
     BuildContext,
     DataInfo,
     PredictFn,
@@ -103,8 +104,8 @@ class ModelNetConfig(BaseModel):
     num_points: int = Field(1024, gt=0)
     features: Annotated[list[str], AfterValidator(lambda v: check_features(v, ["coord", "normal"]))] = ["coord"]
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # of the training shapes, per class
-    split_seed: int = 0
-    sample_seed: int = 0  # mesh surface sampling (layout off)
+    split_seed: int = Field(0, ge=0, le=SEED_MAX)
+    sample_seed: int = Field(0, ge=0, le=SEED_MAX)  # mesh surface sampling (layout off)
     train_transforms: TransformList = None  # None: DEFAULT_TRAIN_TRANSFORMS; []: none
     eval_transforms: TransformList = None  # None: none
     vote_transforms: TransformList = None  # test-time voting (evaluation.votes > 1); None: the training transforms

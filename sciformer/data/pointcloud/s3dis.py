@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sciformer.contracts import (
+    SEED_MAX,
     BuildContext,
     DataInfo,
     default_data_root,
@@ -90,7 +91,7 @@ class S3DISConfig(BaseModel):
     test_area: int | None = Field(5, ge=1)  # None: no test area (evaluate on val: evaluation.split=val)
     val_area: int | None = Field(None, ge=1)  # None: val_fraction of the training rooms
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    split_seed: int = 0
+    split_seed: int = Field(0, ge=0, le=SEED_MAX)
     malformed_lines: Literal["skip", "error"] = "skip"
     grid_size: float | None = Field(0.04, gt=0)  # metres; None: no grid sampling
     crop: Literal["sphere", "box", "none"] = "sphere"
