@@ -84,10 +84,11 @@ MAX_BATCH = 1_048_576
 MAX_STEPS = 10**9
 MAX_NAME = 100
 MAX_MODEL_SIZE = 16_384  # model widths: beyond this a typo, not a model
-MAX_MODEL_COUNT = 1_024  # depths, blocks, heads
+MAX_MODEL_COUNT = 1_024  # depths, blocks, heads, neighbours (k)
+MAX_HIDDEN_WIDTH = 4 * MAX_MODEL_SIZE  # an MLP's hidden width: the widest model at the usual mlp_ratio 4
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d{1,3})?)$")
-_SIZE_KEY = re.compile(r"(^|_)(dim|dims|depth|channels|hidden|width|widths|heads|blocks|planes|tokens|embed)(_|$)")
-_COUNT_KEY = re.compile(r"(^|_)(depth|heads|blocks)(_|$)")
+_SIZE_KEY = re.compile(r"(^|_)(dim|dims|depth|channels|hidden|width|widths|heads|blocks|planes|tokens|embed|k)(_|$)")
+_COUNT_KEY = re.compile(r"(^|_)(depth|heads|blocks|k)(_|$)")
 
 
 def check_batch_size(value: Any, name: str) -> int:
@@ -339,7 +340,16 @@ def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
         raise _one_line(exc, ExperimentConfig, source=source) from None
     data_params = _validate_entry(DATASETS, cfg.data, "data", source)
     model_params = _validate_entry(MODELS, cfg.model, "model", source)
+    _check_hidden_width(model_params, source)
     return Experiment(cfg, data_params, model_params, base_dir)
+
+
+def _check_hidden_width(params: Any, source: str) -> None:
+    """``model.mlp_ratio`` times the model's widest width (``dim`` or ``channels``) within :data:`MAX_HIDDEN_WIDTH`."""
+    ratio, widths = getattr(params, "mlp_ratio", None), [getattr(params, "dim", None) or 0, *(getattr(params, "channels", None) or [])]
+    if isinstance(ratio, (int, float)) and max(widths) * ratio > MAX_HIDDEN_WIDTH:
+        raise ConfigError(f"{source + ': ' if source else ''}model.mlp_ratio: {ratio:g} makes an MLP hidden width of "
+                          f"{max(widths) * ratio:.4g} ({max(widths)} x {ratio:g}), beyond the largest {MAX_HIDDEN_WIDTH}")
 
 
 @contextlib.contextmanager
