@@ -290,7 +290,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"override '{text}' has an empty key part")
-    return parts, yamlio.loads(value, source=f"override '{text}'") if value.strip() else ""
+    return parts, yamlio.loads(value, source=f"override {_short(text)}") if value.strip() else ""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

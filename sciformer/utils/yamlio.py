@@ -29,6 +29,7 @@ _FLOAT_12 = re.compile(
 )
 _INT_12 = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_MAX_INT_DIGITS = 1_000  # far below Python's int-to-text limit (4300), far above any real config number
 _MAX_EXPANDED_NODES = 100_000  # guards against "billion laughs" alias bombs
 
 
@@ -57,9 +58,16 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         """A YAML 1.2 integer: decimal (leading zeros too), ``0o`` octal or ``0x`` hexadecimal."""
         text = str(self.construct_scalar(node)).replace("_", "")
-        if text[:2] in ("0o", "0x"):
-            return int(text[2:], 8 if text[1] == "o" else 16)
-        return int(text)
+        digits = len(text.lstrip("+-"))
+        try:
+            if digits > _MAX_INT_DIGITS:  # Python refuses such a decimal text (and to print such a number) with a bare ValueError
+                raise ValueError(f"an integer of {digits:,} digits; at most {_MAX_INT_DIGITS:,} are read")
+            if text[:2] in ("0o", "0x"):
+                return int(text[2:], 8 if text[1] == "o" else 16)
+            return int(text)
+        except ValueError as exc:  # also an explicit !!int tag on something else
+            problem = str(exc) if digits > _MAX_INT_DIGITS else f"expected an integer, got {text[:40]!r}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
 
 # Drop the YAML 1.1 resolvers for bool, int and float, then add the 1.2 ones.

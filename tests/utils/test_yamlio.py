@@ -30,3 +30,17 @@ def test_a_leading_zero_is_decimal_in_an_override() -> None:
 def test_a_dump_reads_back_as_it_was() -> None:
     data = {"a": ["0o17", "1e3", "010", "yes", "on", "1:30", "0x1F", "x", 5, 1.5, True, None]}
     assert loads(dumps(data)) == data
+
+
+def test_an_integer_too_long_to_read_is_a_one_line_config_error(tmp_path: Path) -> None:
+    """Python reads at most 4300 decimal digits (a bare ValueError beyond): from a file and an override alike."""
+    demo = ROOT / "experiments" / "indian_pines_demo.yaml"
+    path = tmp_path / "huge.yaml"
+    path.write_text(demo.read_text() + f"\nextra: {'9' * 5000}\n")
+    with pytest.raises(ConfigError, match="an integer of 5,000 digits"):
+        config.load(path)
+    with pytest.raises(ConfigError, match=r"override 'train\.epochs=999.*an integer of 5,000 digits") as caught:
+        config.load(demo, [f"train.epochs={'9' * 5000}"])
+    assert len(str(caught.value)) < 300  # the override is named, not printed whole
+    with pytest.raises(ConfigError, match="expected an integer, got 'abc'"):
+        loads('v: !!int "abc"')
