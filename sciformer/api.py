@@ -223,6 +223,10 @@ class Predictor:
                 if name not in _POINT_FIELDS:
                     raise DataError(f"predict: unknown feature '{key}'; expected one of {', '.join(_POINT_FIELDS)}")
                 arrays[name] = _numpy(value)
+                if arrays[name].ndim not in (1, 2):  # a scalar or a stack: never broadcast or flattened
+                    shape = f"({len(coord)}, 3)" if _FIELD_WIDTH[name] == 3 else f"({len(coord)},)"
+                    raise DataError(f"predict: feature '{key}' must be an array of shape {shape} (a row per point), "
+                                    f"got shape {arrays[name].shape}")
         elif features is not None:
             table = _numpy(features)
             wanted = [f for f in self.features if f in _POINT_FIELDS]

@@ -214,3 +214,12 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
     assert points.predict(table[:, :3], features=table[:, 3:6], overlap=torch.tensor(0.5), flip=np.bool_(True)).labels.shape == (len(table),)
     with pytest.raises(Error, match="points must be real numbers"):
         points.predict(table[:, :3] + 1j, features=table[:, 3:6])
+
+
+def test_a_feature_that_is_not_a_row_per_point_is_a_one_line_error(s3dis: dict[str, Path]) -> None:
+    points = sciformer.load(s3dis["run"], device="cpu")
+    xyz = np.loadtxt(s3dis["room"])[:, :3]
+    for features, needle in [({"intensity": 5.0}, rf"feature 'intensity' must be an array of shape \({len(xyz)},\)"),
+                             ({"colour": np.zeros((len(xyz), 3, 1))}, rf"feature 'colour' must be an array of shape \({len(xyz)}, 3\)")]:
+        with pytest.raises(sciformer.api.DataError, match=needle):
+            points.predict(xyz, features=features)
