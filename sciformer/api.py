@@ -164,6 +164,8 @@ class Predictor:
                 if not input_path.is_file():
                     raise DataError(f"{input_path}: " + ("a folder; predict takes one file" if input_path.is_dir() else "no such file"))
             elif self.kind == "hsi":
+                if features is not None:
+                    raise SciformerError("predict: features= goes with a point array; a hyperspectral cube carries its bands")
                 input_path = self._write_cube(tmp_dir, data)
             else:
                 input_path = self._write_points(tmp_dir, data, features)

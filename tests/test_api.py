@@ -181,7 +181,7 @@ def test_load_and_predict_leave_the_callers_threads_and_predict_on_the_runs(hsi:
 def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s3dis: dict[str, Path], tmp_path: Path) -> None:
     """Wrong types raise sciformer's errors naming the argument, never a bare TypeError from deep inside
     nor a silent reinterpretation (a (c, n) feature table, flip="no", batch_size=0)."""
-    Error = sciformer.api.SciformerError
+    from sciformer.errors import SciformerError as Error  # (sciformer.api is imported on first use)
     for bad in (None, 5, [3]):
         with pytest.raises(Error, match="load: expected a run folder"):
             sciformer.load(bad)
@@ -198,6 +198,8 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
             model.predict(cube, **kwargs)
     with pytest.raises(Error, match="a folder; predict takes one file"):
         model.predict(tmp_path)
+    with pytest.raises(Error, match="features= goes with a point array"):  # never silently ignored
+        model.predict(cube, features={"intensity": np.ones(5)})
     # numpy's and torch's scalars are numbers too (a uint8 batch size once overflowed in the batch arithmetic)
     np.testing.assert_array_equal(model.predict(cube, batch_size=np.uint8(16)).labels, model.predict(cube).labels)
     np.testing.assert_array_equal(model.predict(cube, batch_size=torch.tensor(16)).labels, model.predict(cube).labels)
