@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.errors import ConfigError, DataError, SciformerError
-from sciformer.frontend import python_api
+from sciformer.frontend import check_paths, python_api
 
 PathLike = str | os.PathLike[str]
 _POINT_FIELDS = ("colour", "normal", "intensity")  # per-point inputs a point file carries besides coordinates
@@ -346,6 +346,7 @@ def train(
 
     if not isinstance(config, (str, os.PathLike, Mapping, type(None))):
         raise ConfigError(f"train: config must be a YAML path or a dict of sections, got {config!r:.80}")
+    check_paths("train", output_dir=output_dir, resume=resume, base_dir=base_dir, init_from=init_from)
     source = dict(config) if isinstance(config, Mapping) else config
     with python_api(), _process_state_kept():  # the run sets torch's threads and seeds the global generators for itself
         exp, run_dir, state = prepare_training(source, _override_list(overrides), output_dir=output_dir, resume=resume,
@@ -380,6 +381,7 @@ def pretrain(
     from sciformer.utils.ranks import check_one_process
 
     check_one_process("pretrain")  # under torchrun every process would run it whole
+    check_paths("pretrain", output_dir=output_dir, base_dir=base_dir)
     settings = PretrainSettings(epochs=epochs, mask_ratio=mask_ratio, band_group=band_group, pixel_ratio=pixel_ratio, pixels=pixels)
     source = dict(config) if isinstance(config, Mapping) else config
     with python_api(), _process_state_kept():  # as train: threads and seeded generators for the run only

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
+from sciformer.errors import ConfigError
+
 _PYTHON: ContextVar[bool] = ContextVar("sciformer_python_api", default=False)
 _NO_VALUE = object()
 
@@ -56,3 +58,10 @@ def resume_hint(run_dir: str | Path, world_size: int = 1) -> str:
     if world_size > 1:
         return f"torchrun --nproc-per-node {world_size} -m sciformer train --resume {run_dir} (the same torchrun options as the run)"
     return f"sciformer.train(resume={str(run_dir)!r})" if from_python() else f"sciformer train --resume {run_dir}"
+
+
+def check_paths(call: str, **paths: object) -> None:
+    """A one-line ConfigError naming the keyword of a path argument that is neither a path (str, os.PathLike) nor None."""
+    for keyword, value in paths.items():
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{call}: {keyword}= must be a path (a str or os.PathLike), got {value!r:.80}")
