@@ -85,7 +85,7 @@ class Predictor:
         if not all(isinstance(s, (str, os.PathLike)) for s in sources):  # (none at all: load_models says so)
             raise SciformerError(f"load: expected a run folder, a checkpoint file or a list of them, got {run_or_checkpoint!r:.80}")
         self.source = Path(sources[0]) if len(sources) == 1 else [Path(s) for s in sources]
-        with _process_state_kept():  # loading sets train.threads; predict sets it again, for the call only
+        with python_api(), _process_state_kept():  # loading sets train.threads; predict sets it again, for the call only
             self.experiment, state, self.model, self.device = load_models(sources, _override_list(overrides), device)
         self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
@@ -155,7 +155,7 @@ class Predictor:
         from sciformer.config import check_batch_size
 
         batch_size = self.batch_size if batch_size is None else check_batch_size(batch_size, "predict: batch_size")
-        with tempfile.TemporaryDirectory(prefix="sciformer-predict-") as tmp:
+        with python_api(), tempfile.TemporaryDirectory(prefix="sciformer-predict-") as tmp:  # messages name keywords, not flags
             tmp_dir = Path(tmp)
             if isinstance(data, (str, os.PathLike)):
                 if features is not None:

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from sciformer.errors import ConfigError, DataError, SciformerError
+from sciformer.frontend import option
 
 Batch = dict[str, Any]
 PredictFn = Callable[[Batch], torch.Tensor]  # batch dict -> logits (n, num_classes)
@@ -142,16 +143,16 @@ class PredictOptions:
                 raise DataError("wavelengths: expected a list of band centres in nm, a file or 'a,b,...'") from None
         for name in ("flip", "probabilities", "allow_band_mismatch"):  # from Python too: "no" is not False
             if not isinstance(getattr(self, name), bool):
-                raise SciformerError(f"{self.FLAGS[name]}: expected true or false, got {getattr(self, name)!r}")
+                raise SciformerError(f"{option(self.FLAGS[name])}: expected true or false, got {getattr(self, name)!r}")
         for name in ("columns", "category", "labels"):
             if not isinstance(getattr(self, name), (str, os.PathLike, type(None))):
-                raise SciformerError(f"{self.FLAGS[name]}: expected text, got {getattr(self, name)!r}")
+                raise SciformerError(f"{option(self.FLAGS[name])}: expected text, got {getattr(self, name)!r}")
         if not _real(self.overlap) or not 0.0 <= self.overlap <= 4.0:
-            raise SciformerError(f"--overlap must be between 0 and 4 (context points per core point), got {self.overlap!r}")
+            raise SciformerError(f"{option('--overlap')} must be between 0 and 4 (context points per core point), got {self.overlap!r}")
         for name in ("rotations", "votes"):
             value = getattr(self, name)
             if not (_real(value) and value == int(value)) or not 1 <= value <= 100:
-                raise SciformerError(f"{self.FLAGS[name]} must be between 1 and 100 (a whole number), got {value!r}")
+                raise SciformerError(f"{option(self.FLAGS[name])} must be between 1 and 100 (a whole number), got {value!r}")
             object.__setattr__(self, name, int(value))  # 4.0: the predictors count with it
         object.__setattr__(self, "overlap", float(self.overlap))
 
@@ -165,7 +166,7 @@ class PredictOptions:
         default = PredictOptions()
         for name in names:
             if getattr(self, name) != getattr(default, name):
-                raise SciformerError(f"{self.FLAGS[name]} does not apply to '{dataset}' predictions")
+                raise SciformerError(f"{option(self.FLAGS[name])} does not apply to '{dataset}' predictions")
 
 
 @dataclass

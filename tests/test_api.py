@@ -209,8 +209,8 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
     for kwargs, needle in [({"features": table[:, 3:6].T.copy()}, r"an \(n, c\) table with a row per point"),
                            ({"features": table[:-1, 3:6]}, "a row per point"),
                            ({"features": np.concatenate([table[:, 3:6]] * 2)[:, :3].reshape(-1, 2)[: len(table)]}, "columns"),
-                           ({"flip": "no"}, "--tta-flip: expected true or false"), ({"rotations": "x"}, "--tta-rotations"),
-                           ({"overlap": "x"}, "--overlap")]:
+                           ({"flip": "no"}, "^flip=: expected true or false"), ({"rotations": "x"}, "^rotations= must be"),
+                           ({"overlap": "x"}, "^overlap= must be")]:  # the keywords, not the command line's flags
         with pytest.raises(Error, match=needle):
             points.predict(table[:, :3], **{"features": table[:, 3:6], **kwargs})
     assert points.predict(table[:, :3], features=table[:, 3:6], overlap=torch.tensor(0.5), flip=np.bool_(True)).labels.shape == (len(table),)

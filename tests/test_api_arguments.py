@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,27 @@ def test_train_names_a_path_keyword_of_the_wrong_kind(keyword: str, tmp_path: Pa
 def test_pretrain_names_a_path_keyword_of_the_wrong_kind(keyword: str) -> None:
     with pytest.raises(ConfigError, match=rf"^pretrain: {keyword}= must be a path"):
         sciformer.pretrain(DEMO, **{keyword: 5})
+
+
+def test_api_messages_name_the_keywords_and_the_command_line_its_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from sciformer.cli import main
+    from sciformer.contracts import PredictOptions
+    from sciformer.frontend import python_api
+
+    with python_api(), pytest.raises(sciformer.api.SciformerError, match=r"^rotations= does not apply to 'x' predictions$"):
+        PredictOptions(rotations=4).require_defaults("x", "rotations")
+    with pytest.raises(sciformer.api.SciformerError, match=r"^--tta-rotations does not apply to 'x' predictions$"):
+        PredictOptions(rotations=4).require_defaults("x", "rotations")
+    with pytest.raises(ConfigError, match=r"^train needs config= PATH \(or resume= RUN\)$"):
+        sciformer.train(None)
+    with pytest.raises(ConfigError, match=r"^pretrain epochs=: expected 1\.\.100000, got 0$"):
+        sciformer.pretrain(DEMO, epochs=0)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    with pytest.raises(sciformer.api.SciformerError, match=re.escape(f"output_dir='{run}' already holds a run; continue it with resume='{run}'")):
+        sciformer.train(DEMO, output_dir=run)
+    assert main(["train", "-c", str(DEMO), "-o", str(run)]) == 2
+    assert f"--output-dir {run} already holds a run; continue it with --resume {run} " in capsys.readouterr().err
+    assert main(["pretrain", "-c", str(DEMO), "--epochs", "0"]) == 2
+    assert "pretrain --epochs: expected 1..100000, got 0" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from typing import Any
 from sciformer import config
 from sciformer.config import Experiment
 from sciformer.errors import CheckpointError, ConfigError
+from sciformer.frontend import option
 from sciformer.utils.ranks import is_main_process
 
 
@@ -83,7 +84,7 @@ def prepare_training(
                   "(to fine-tune its weights on another experiment, use --init-from)", file=sys.stderr)
         return exp, run_dir, state
     if config_source is None:
-        raise ConfigError("train needs --config PATH (or --resume RUN)")
+        raise ConfigError(f"train needs {option('--config')} PATH (or {option('--resume')} RUN)")
     if isinstance(config_source, dict):
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         exp = config.from_dict(config_source, base, overrides, source="config dict")

@@ -46,6 +46,7 @@ from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.errors import ConfigError, SciformerError
+from sciformer.frontend import option
 from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
@@ -71,26 +72,26 @@ class PretrainSettings:
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)):
                 raise ConfigError(f"pretrain {name}: expected a number, got {getattr(self, name)!r}")
         if not 1 <= self.epochs <= 100_000:
-            raise ConfigError(f"pretrain --epochs: expected 1..100000, got {self.epochs}")
+            raise ConfigError(f"pretrain {option('--epochs')}: expected 1..100000, got {self.epochs}")
         if not 0.0 < self.mask_ratio < 1.0:
-            raise ConfigError(f"pretrain --mask-ratio: expected a fraction in (0, 1), got {self.mask_ratio}")
+            raise ConfigError(f"pretrain {option('--mask-ratio')}: expected a fraction in (0, 1), got {self.mask_ratio}")
         if not 0.0 <= self.pixel_ratio < 1.0:
-            raise ConfigError(f"pretrain --pixel-ratio: expected a fraction in [0, 1), got {self.pixel_ratio}")
+            raise ConfigError(f"pretrain {option('--pixel-ratio')}: expected a fraction in [0, 1), got {self.pixel_ratio}")
         if not 1 <= self.band_group <= 100_000:
-            raise ConfigError(f"pretrain --band-group: expected a positive band count, got {self.band_group}")
+            raise ConfigError(f"pretrain {option('--band-group')}: expected a positive band count, got {self.band_group}")
         if self.pixels not in ("all", "train"):
-            raise ConfigError(f"pretrain --pixels: expected 'all' or 'train', got {self.pixels!r}")
+            raise ConfigError(f"pretrain {option('--pixels')}: expected 'all' or 'train', got {self.pixels!r}")
 
     def hidden_counts(self, channels: int, patch_size: int) -> tuple[int, int, int]:
         """(band groups, groups hidden, pixels hidden) per patch; a setting that hides every band
         or no pixel although asked to is a one-line ConfigError."""
         groups, hidden = hidden_groups(channels, self.band_group, self.mask_ratio)
         if groups < 2:
-            raise ConfigError(f"pretrain --band-group {self.band_group}: the model's {channels} input channels make {groups} group, "
+            raise ConfigError(f"pretrain {option('--band-group', self.band_group)}: the model's {channels} input channels make {groups} group, "
                               f"so every band would be hidden; use at most {max(channels // 2, 1)}")
         pixels = hidden_pixels(patch_size, self.pixel_ratio)
         if self.pixel_ratio and pixels == 0:
-            raise ConfigError(f"pretrain --pixel-ratio {self.pixel_ratio:g} hides no pixel of a {patch_size} x {patch_size} patch")
+            raise ConfigError(f"pretrain {option('--pixel-ratio', self.pixel_ratio)} hides no pixel of a {patch_size} x {patch_size} patch")
         return groups, hidden, pixels
 
 

@@ -26,7 +26,7 @@ from typing import IO, Any
 from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, holds_pid_only, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.engine.report import EVALUATION_TABLES
 from sciformer.errors import CheckpointError, SciformerError
-from sciformer.frontend import resume_hint
+from sciformer.frontend import option, resume_hint
 from sciformer.utils.atomic import temporary_of
 
 
@@ -113,13 +113,13 @@ def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True, leftovers: fro
         return
     if any((run_dir / name).exists() or (run_dir / name).is_symlink() for name in _FINISHED):
         if resume_hint and (run_dir / "checkpoints" / "last.pt").exists():
-            hint = f"continue it with --resume {run_dir} or choose another folder"
+            hint = f"continue it with {option('--resume', run_dir)} or choose another folder"
         elif not (run_dir / "metrics.json").exists() and not (run_dir / "pretrain.json").exists():
             hint = ("it stopped before its first checkpoints/last.pt, so it cannot be resumed; "
                     "delete the folder to start again there, or choose another folder")
         else:
             hint = "choose another folder"
-        raise RunFolderError(f"--output-dir {run_dir} already holds a run; {hint}")
+        raise RunFolderError(f"{option('--output-dir', run_dir)} already holds a run; {hint}")
     try:
         foreign = _foreign_entries(run_dir, sorted(p.name for p in run_dir.iterdir()), leftovers)
     except OSError as exc:

@@ -43,6 +43,7 @@ from sciformer.data.hsi.readers import (
 from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.errors import DataError
+from sciformer.frontend import option
 from sciformer.utils.progress import progress
 
 PREDICT_SUFFIXES = (".npy", ".png", ".hdr", ".img", *GEOTIFF_SUFFIXES)
@@ -171,9 +172,9 @@ def predict_hsi_file(
     patch_size = int(state_value(state, "patch_size", "hsi_scene"))
     padding = str(state.get("padding", cfg.padding))
     trained = TrainedBands.from_state(state)
-    given = None if options.wavelengths is None else read_wavelength_spec(options.wavelengths)
+    given = None if options.wavelengths is None else read_wavelength_spec(options.wavelengths, option("--wavelengths"))
     scene, georef = _read_for_prediction(cfg, input_path)
-    wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), "--wavelengths")
+    wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), option("--wavelengths"))
     scene.cube, wl = arrange_bands(state, scene.cube, wl, str(input_path))
     plan = plan_bands(trained, scene.num_bands, wl, str(input_path), allow_mismatch=options.allow_band_mismatch)
     if plan.resample:
