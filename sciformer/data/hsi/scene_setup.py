@@ -72,6 +72,11 @@ def make_split(cfg: HSISceneConfig, scene: Scene, ctx: BuildContext) -> Split:
         assert s.train_path is not None
         train_path = ctx.resolve(s.train_path)
         test_path = ctx.resolve(s.test_path) if s.test_path else train_path
+        if Path(scene.source).is_file():  # split maps on another grid or CRS: refused, as a label map is
+            from sciformer.data.hsi.georef import check_same_grid
+
+            for path in dict.fromkeys((train_path, test_path)):
+                check_same_grid(scene.source, path, "split map")
         tr = _read_split_map(train_path, s.train_key, "TR", hw)
         te = _read_split_map(test_path, s.test_key, "TE", hw)
         split = fixed_split(tr, te, **common)

@@ -123,3 +123,10 @@ def test_label_map_on_another_grid_is_refused(tmp_path: Path, origin: tuple[floa
     assert str(gt_path) in str(err.value) and str(cube_path) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(DataError, match="--labels map"):
         read_label_map(gt_path, (4, 5), 3, cube_path)
+    from sciformer.contracts import BuildContext
+    from sciformer.data.hsi.config import HSISceneConfig
+    from sciformer.data.hsi.scene_setup import make_split
+
+    cfg = HSISceneConfig(source=str(cube_path), split={"kind": "fixed", "train_path": str(gt_path), "test_path": str(gt_path)})
+    with pytest.raises(DataError, match="split map's"):  # a fixed split's maps: the same check
+        make_split(cfg, read_scene(cube_path, labels="none"), BuildContext(base_dir=tmp_path, seed=0))
