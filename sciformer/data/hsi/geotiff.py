@@ -66,7 +66,11 @@ def _open(rasterio: Any, path: str | os.PathLike[str]) -> Iterator[Any]:
 
 
 def _scaling(src: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-band (scales, offsets) of an open GeoTIFF, None when every band is (1, 0)."""
+    """Per-band (scales, offsets) of an open GeoTIFF, None when every band is (1, 0), for a
+    one-band file (a label map: its values are class ids, read as stored) and for complex
+    data (refused as a cube, whole, rather than cut to its real part)."""
+    if src.count == 1 or np.dtype(src.dtypes[0]).kind == "c":
+        return None
     scales = np.asarray([1.0 if v is None else float(v) for v in src.scales], dtype=np.float64)  # (B,)
     offsets = np.asarray([0.0 if v is None else float(v) for v in src.offsets], dtype=np.float64)  # (B,)
     return None if np.all(scales == 1.0) and np.all(offsets == 0.0) else (scales, offsets)
@@ -75,7 +79,7 @@ def _scaling(src: Any) -> tuple[np.ndarray, np.ndarray] | None:
 def read_geotiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
     """A GeoTIFF's bands as (H, W, B) and its georef.
 
-    Native dtype, unless a band declares a scale or offset other than (1, 0): then every band
+    Native dtype, unless a band of a cube (several bands) declares a scale or offset other than (1, 0): then every band
     is ``value * scale + offset`` (GDAL's unscaling) in float32 (float64 for a float64 file),
     and pixels equal to the declared nodata in every band become NaN (see :func:`geotiff_nodata`).
     """

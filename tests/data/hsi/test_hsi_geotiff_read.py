@@ -88,6 +88,31 @@ def test_scaled_geotiff_is_read_in_physical_units(tmp_path: Path, dtype: str) ->
     np.testing.assert_allclose(cube, expected, rtol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize(("scale", "offset"), [(2.0, 0.0), (1.0, 1.0), (1e-4, 0.0)])
+def test_a_label_geotiff_is_read_as_stored_whatever_scale_it_declares(tmp_path: Path, scale: float, offset: float) -> None:
+    """One band is a label map: class ids, not a measurement (metadata copied from a reflectance product)."""
+    gt = _labels()
+    path = _write_tif(tmp_path / "gt.tif", gt, transform=from_origin(0, 12, 1, 1))
+    with rasterio.open(path, "r+") as dst:
+        dst.scales, dst.offsets = [scale], [offset]
+    np.testing.assert_array_equal(read_labels(path), gt)
+    np.save(tmp_path / "cube.npy", np.ones((12, 10, 3), np.float32))
+    np.testing.assert_array_equal(read_scene(tmp_path / "cube.npy", label_path=path, labels="required").gt, gt)
+
+
+def test_a_scaled_complex_cube_is_refused_as_an_unscaled_one(tmp_path: Path) -> None:
+    raw = (np.arange(24).reshape(2, 3, 4) + 1j).astype(np.complex64)
+    path = _write_tif(tmp_path / "complex.tif", raw, transform=from_origin(0, 2, 1, 1))
+    with rasterio.open(path, "r+") as dst:
+        dst.scales = [0.5] * 4
+    from sciformer.errors import DataError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's ComplexWarning (the imaginary part dropped) would be one
+        with pytest.raises(DataError, match="complex64"):
+            read_scene(path, labels="none")
+
+
 def test_unscaled_geotiff_keeps_its_dtype(tmp_path: Path) -> None:
     raw = np.arange(2 * 3 * 2, dtype=np.int16).reshape(2, 3, 2)
     path = _write_tif(tmp_path / "plain.tif", raw, transform=from_origin(0, 2, 1, 1))
