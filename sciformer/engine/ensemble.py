@@ -79,6 +79,9 @@ def _resolved_data(state: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+_RECORDED_LATER = ("trained_classes",)  # data_state records that older checkpoints of the same data lack
+
+
 def check_members(paths: Sequence[Path], states: Sequence[dict[str, Any]]) -> None:
     """One-line CheckpointError unless every member shares the first one's data."""
     first, where = states[0], checkpoint_file(paths[0], "best.pt")
@@ -105,7 +108,11 @@ def check_members(paths: Sequence[Path], states: Sequence[dict[str, Any]]) -> No
         if key is not None:
             raise CheckpointError(f"ensemble: '{other}' was trained with another data.{key} than '{where}'; members must share the data")
         for part in ("data_state", "data_info"):
-            key = _first_difference(first.get(part) or {}, state.get(part) or {})
+            a, b = dict(first.get(part) or {}), dict(state.get(part) or {})
+            for later in _RECORDED_LATER:  # a checkpoint from before the record: not another split
+                if (later in a) != (later in b):
+                    a.pop(later, None), b.pop(later, None)
+            key = _first_difference(a, b)
             if key is not None:
                 raise CheckpointError(f"ensemble: '{other}' and '{where}' differ in {part}.{key} (another split or preprocessing); "
                                       "members must share the data")

@@ -133,3 +133,22 @@ def test_members_must_share_the_data(hsi: Path, tmp_path: Path, capsys: pytest.C
     assert main(["predict", "--checkpoint", str(pinned[0]), "--checkpoint", str(member), "-i", str(tmp_path / "scene.mat"),
                  "-o", str(member), "--overwrite"]) == 2
     assert "is an input file" in capsys.readouterr().err and member.read_bytes() == before
+
+
+def test_a_member_saved_before_a_later_record_joins_one_saved_after(tmp_path: Path) -> None:
+    """``data_state.trained_classes`` is recorded by newer checkpoints only: its absence in one
+    member is not another split; two records that differ still are."""
+    from sciformer.engine.ensemble import check_members
+
+    paths = [tmp_path / "old.pt", tmp_path / "new.pt", tmp_path / "other.pt"]
+    for p in paths:
+        p.write_bytes(b"")
+    old = {"config": {"data": {"name": "hsi_scene", "split": {"seed": 0}}}, "data_state": {"in_bands": 5}, "data_info": {"num_classes": 3}}
+    new = {**old, "data_state": {"in_bands": 5, "trained_classes": [0, 1, 2]}}
+    other = {**old, "data_state": {"in_bands": 5, "trained_classes": [0, 2]}}
+    check_members(paths[:2], [old, new])
+    check_members(paths[1::-1], [new, old])
+    with pytest.raises(CheckpointError, match="data_state.trained_classes"):
+        check_members(paths[1:], [new, other])
+    with pytest.raises(CheckpointError, match="data_state.in_bands"):
+        check_members(paths[:2], [old, {**new, "data_state": {"in_bands": 6, "trained_classes": [0, 1, 2]}}])
