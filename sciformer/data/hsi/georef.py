@@ -134,7 +134,8 @@ def transform_from_map_info(map_info: list[str]) -> list[float] | None:
     ``map info = {proj, ref col, ref row, ref x, ref y, pixel x, pixel y, ..., rotation=<deg>}``;
     reference pixel (1, 1) is the upper-left corner of the upper-left pixel, which lies at
     (ref x, ref y). ``rotation`` turns the grid counter-clockwise by that angle (as GDAL reads it):
-    a column step is ``pixel x * (cos, sin)``, a row step ``pixel y * (sin, -cos)``.
+    a column step is ``pixel x * (cos, sin)``, a row step ``pixel y * (sin, -cos)``; except at
+    exactly 180 degrees, which GDAL reads as a south-up grid (``pixel y`` added per row).
     """
     theta = _rotation(map_info)
     try:
@@ -143,22 +144,30 @@ def transform_from_map_info(map_info: list[str]) -> list[float] | None:
         return None
     if theta is None or not all(math.isfinite(v) for v in (ref_col, ref_row, x, y, sx, sy, theta)):
         return None
-    cos, sin = (1.0, 0.0) if theta == 0 else (math.cos(math.radians(theta)), math.sin(math.radians(theta)))
-    a, b, d, e = sx * cos, sy * sin, sx * sin, -sy * cos
+    if abs(math.remainder(theta, 360.0)) == 180.0:  # GDAL reads exactly 180 as a south-up grid, not a turn
+        a, b, d, e = sx, 0.0, 0.0, sy
+    else:
+        cos, sin = (1.0, 0.0) if theta == 0 else (math.cos(math.radians(theta)), math.sin(math.radians(theta)))
+        a, b, d, e = sx * cos, sy * sin, sx * sin, -sy * cos
     return [a, b, x - (ref_col - 1.0) * a - (ref_row - 1.0) * b, d, e, y - (ref_col - 1.0) * d - (ref_row - 1.0) * e]
 
 
 def map_info_numbers(transform: list[float]) -> tuple[float, float, float] | None:
     """(pixel x, pixel y, rotation in degrees) of an affine that ENVI ``map info`` can express
-    (a grid turned by a rotation, square or not, not mirrored); None for a sheared or mirrored one."""
+    (a grid turned by a rotation, square or not, not mirrored, or a south-up grid as ``rotation=180``);
+    None for a sheared or mirrored one, and for a turn of exactly 180 degrees (GDAL would read it as south-up)."""
     a, b, _, d, e, _ = (float(v) for v in transform)
     sx, sy = math.hypot(a, d), math.hypot(b, e)
     if not (sx > 0 and sy > 0):
         return None
+    if b == d == 0.0 and a > 0 and e > 0:  # south-up: what GDAL reads from rotation=180
+        return float(f"{sx:.15g}"), float(f"{sy:.15g}"), 180.0
     theta = math.atan2(d, a)
     if abs(b - sy * math.sin(theta)) > 1e-9 * sy or abs(e + sy * math.cos(theta)) > 1e-9 * sy:
         return None
     degrees = float(f"{math.degrees(theta):.12g}")  # 15.0, not 14.999999999999998
+    if abs(degrees) == 180.0:  # a grid turned by exactly 180: rotation=180 would be read back as south-up
+        return None
     return float(f"{sx:.15g}"), float(f"{sy:.15g}"), 0.0 if abs(degrees) < 1e-9 else degrees
 
 

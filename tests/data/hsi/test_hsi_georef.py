@@ -31,7 +31,7 @@ def _gdal_transform(path: Path) -> list[float]:
         return list(src.transform)[:6]
 
 
-@pytest.mark.parametrize("degrees", [15.0, -40.0, 90.0, 0.0])
+@pytest.mark.parametrize("degrees", [15.0, -40.0, 90.0, 0.0, 180.0, -180.0, 179.9])
 def test_rotated_map_info_reads_as_gdal_reads_it(tmp_path: Path, degrees: float) -> None:
     info = ["UTM", "1", "1", "500000.0", "4000000.0", "30.0", "30.0", *UTM33, f"rotation={degrees}"]
     header = _envi(tmp_path / "a.hdr", info)
@@ -65,6 +65,24 @@ def test_rotated_geotiff_georef_round_trips_through_envi_and_geotiff(tmp_path: P
     with rasterio.open(tmp_path / "m.tif") as src:
         np.testing.assert_allclose(list(src.transform)[:6], transform, atol=1e-6)
         assert src.crs.to_epsg() == 32633
+
+
+def test_a_south_up_grid_round_trips_and_a_half_turn_is_not_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GDAL reads ``rotation=180`` as a south-up grid (pixel y added per row), not as a turned one:
+    a south-up transform is written that way and read back whole; a grid turned by exactly 180
+    degrees would be read back as south-up (mirrored), so it is not written (one-line warning)."""
+    south_up = [30.0, 0.0, 500000.0, 0.0, 30.0, 4000000.0]
+    georef = {"transform": south_up, "crs_wkt": rasterio.crs.CRS.from_epsg(32633).to_wkt(), "map_info": None,
+              "coordinate_system_string": None}
+    labels = np.ones((4, 5), np.int64)
+    hdr, img = save_map_envi(tmp_path / "s.hdr", labels, ["a"], georef=georef)
+    np.testing.assert_allclose(_gdal_transform(img), south_up, atol=1e-6)
+    np.testing.assert_allclose(georef_from_envi_header(hdr)["transform"], south_up, atol=1e-6)
+    turned = {**georef, "transform": [-30.0, 0.0, 500000.0, 0.0, 30.0, 4000000.0]}
+    capsys.readouterr()
+    hdr, _ = save_map_envi(tmp_path / "t.hdr", labels, ["a"], georef=writable_georef(turned, tmp_path / "t.hdr"))
+    assert "map info" not in hdr.read_text()
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_sheared_transform_is_not_written_to_envi_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
