@@ -40,6 +40,7 @@ from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.reporting import metrics_csv_text
+from sciformer.engine.run_records import epoch_line, log_scalars, open_tensorboard
 from sciformer.engine.runfolder import check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.selection import improves, new_best, restore_best
@@ -200,24 +201,6 @@ class Trainer:
         self.dist.barrier()
 
     # ------------------------------------------------------------------ files
-    def _open_tensorboard(self) -> Any:
-        """A SummaryWriter under ``<run>/tensorboard`` when ``train.tensorboard`` is on (rank 0)."""
-        if not (self.cfg.train.tensorboard and self.dist.is_main):
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise SciformerError("train.tensorboard: the tensorboard package is not installed; pip install 'sciformer[tensorboard]' or set train.tensorboard=false") from None
-        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-
-    def _log_scalars(self, writer: Any, row: dict[str, Any]) -> None:
-        if writer is None:
-            return
-        for key, value in row.items():
-            if key not in ("epoch", "step") and value is not None:
-                writer.add_scalar(key.replace("_", "/", 1), value, row["epoch"])
-        writer.flush()
-
     def _write_metrics_csv(self) -> None:
         if not self.dist.is_main:
             return
@@ -254,7 +237,7 @@ class Trainer:
         self.log(f"model {self.cfg.model.name}: {n_params:,} parameters on {self.device}")
         if not self.has_val:
             self.log("no validation split: best.pt is the last epoch (train.monitor and early stopping do not apply)")
-        writer = self._open_tensorboard()
+        writer = open_tensorboard(self.run_dir, self.cfg.train.tensorboard and self.dist.is_main)
         try:
             self._train_epochs(writer)
         finally:
@@ -298,9 +281,9 @@ class Trainer:
                 row["epoch_time_s"] = round(time.perf_counter() - start, 3)
                 self.history.append(row)
                 self._write_metrics_csv()
-                self._log_scalars(writer, row)
+                log_scalars(writer, row)
                 self._save("last.pt")
-                self.log(_epoch_line(row, t.epochs))
+                self.log(epoch_line(row, t.epochs))
                 if validate and isinstance(row.get("val_loss"), float) and math.isnan(row["val_loss"]):
                     self.log("  validation loss is NaN: the model gives non-finite scores on some validation sample, so this epoch "
                              "scores NaN and cannot become best.pt (diverged? try train.grad_clip or a lower optimizer.lr)")
@@ -391,10 +374,3 @@ class Trainer:
                                      log=self.log, dist=self.dist)
         return RunResult(self.run_dir, result, int(state["best"]["epoch"]))
 
-
-def _epoch_line(row: dict[str, Any], epochs: int) -> str:
-    parts = [f"epoch {row['epoch']}/{epochs}", f"loss {row['train_loss']:.4f}"]
-    if row.get("val_oa") is not None:
-        parts += [f"val_loss {row['val_loss']:.4f}", f"val_oa {100 * row['val_oa']:.2f}", f"val_aa {100 * row['val_aa']:.2f}"]
-    parts += [f"lr {row['lr']:.2e}", f"{row['epoch_time_s']:.1f}s"]
-    return "  ".join(parts)
