@@ -64,3 +64,15 @@ def restore_best(best: dict[str, Any], history: list[dict[str, Any]]) -> dict[st
         loss = _finite(row.get("val_loss")) if row is not None else None
     out["loss"] = loss
     return out
+
+
+def stopped_early(best: dict[str, Any], history: list[dict[str, Any]], patience: int | None, val_every: int) -> bool:
+    """Whether ``train.early_stop_patience`` ends the run after its last recorded epoch: that epoch
+    validated without replacing best.pt, ``patience`` validations (``patience * val_every``
+    epochs) after the best one. The one rule for the epoch loop and for ``--resume`` of a run
+    stopped there (killed in its final evaluation, or finished), which then trains no further."""
+    if not patience or not history:
+        return False
+    row = history[-1]
+    epoch = row.get("epoch")
+    return "val_loss" in row and isinstance(epoch, int) and epoch != best["epoch"] and epoch - best["epoch"] >= patience * val_every

@@ -43,7 +43,7 @@ from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.run_records import epoch_line, log_scalars, open_tensorboard
 from sciformer.engine.runfolder import check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
-from sciformer.engine.selection import improves, new_best, restore_best
+from sciformer.engine.selection import improves, new_best, restore_best, stopped_early
 from sciformer.engine.signals import Interrupted, StopFlag
 from sciformer.engine.weights import context, init_from_checkpoint, load_strict, reason, resolve_init_from
 from sciformer.errors import CheckpointError, SciformerError
@@ -247,6 +247,10 @@ class Trainer:
 
     def _train_epochs(self, writer: Any) -> None:
         t = self.cfg.train
+        if self.step_in_epoch == 0 and self._stopped_early():  # --resume of an early-stopped run: to its final evaluation
+            self.log(f"early stop: no validation improvement for {t.early_stop_patience} validations (after epoch {self.epoch}, "
+                     "before this resume); nothing left to train")
+            return
         with StopFlag() as stop:
             while self.epoch < t.epochs:
                 if self.step_in_epoch == 0:
@@ -259,7 +263,6 @@ class Trainer:
                 self.partial = (0.0, 0)
                 row: dict[str, Any] = {"epoch": self.epoch, "step": self.global_step, "lr": self.optimizer.param_groups[0]["lr"],
                                        "train_loss": loss_sum / count if count > 0 else 0.0}
-                stop_early = False
                 validate = self.has_val and (self.epoch % t.val_every == 0 or self.epoch == t.epochs)
                 # train.ema: the average is validated and becomes best.pt's model (swapped in only then)
                 with self._averaged() if validate or not self.has_val else nullcontext():
@@ -273,13 +276,12 @@ class Trainer:
                         if improves(self.best, value, val_loss):  # a tie goes to the lower validation loss; never a NaN loss
                             self.best.update(value=float(value), epoch=self.epoch, loss=float(val_loss))
                             self._save("best.pt")
-                        elif t.early_stop_patience and (self.epoch - self.best["epoch"]) >= t.early_stop_patience * t.val_every:
-                            stop_early = True
                     elif not self.has_val:
                         self.best.update(value=None, epoch=self.epoch)
                         self._save("best.pt")
                 row["epoch_time_s"] = round(time.perf_counter() - start, 3)
                 self.history.append(row)
+                stop_early = self._stopped_early()
                 self._write_metrics_csv()
                 log_scalars(writer, row)
                 self._save("last.pt")
@@ -293,6 +295,12 @@ class Trainer:
                 if stop_early:
                     self.log(f"early stop: no validation improvement for {t.early_stop_patience} validations")
                     break
+
+    def _stopped_early(self) -> bool:
+        """Whether early stopping ends the run after the last recorded epoch (:func:`stopped_early`)."""
+        t = self.cfg.train
+        return self.has_val and bool(self.history) and self.history[-1].get("epoch") == self.epoch \
+            and stopped_early(self.best, self.history, t.early_stop_patience, t.val_every)
 
     def _run_epoch(self, stop: StopFlag) -> tuple[float, float]:
         """Train the rest of the epoch; returns the epoch's loss sum and weight (resumed part included)."""
