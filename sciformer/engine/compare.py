@@ -100,8 +100,10 @@ def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretr
     from sciformer.engine.checkpoint import checkpoint_progress  # torch: only when runs are compared
 
     last = run / "checkpoints" / "last.pt"
+    if pretrain:  # pretrain.json is written after checkpoints/best.pt; a kill between older writes left it without
+        return "finished" if (run / "checkpoints" / "best.pt").is_file() else "unfinished: no checkpoints/best.pt"
     if not os.path.lexists(last):
-        return "finished" if pretrain else "no checkpoints/last.pt"
+        return "no checkpoints/last.pt"
     progress = checkpoint_progress(last)
     done, step, best = progress["epoch"], progress["step_in_epoch"], progress["best_epoch"]
     epochs, patience = config.get("train.epochs"), config.get("train.early_stop_patience")

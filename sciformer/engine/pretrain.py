@@ -168,14 +168,15 @@ def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: A
 
 
 def _write(run_dir: Path, exp: Experiment, task: Any, record: dict[str, Any], payload: dict[str, Any]) -> None:
-    """The records, then the checkpoint last; a failure removes what was written (nothing looks finished)."""
-    written = [run_dir / n for n in ("config.yaml", "splits.npz", "protocol.json", "pretrain.json", "metrics.csv", "checkpoints/best.pt")]
+    """The files, the checkpoint, then ``pretrain.json`` last (what marks the folder a finished
+    pre-training: ``compare``); a failure removes what was written (nothing looks finished)."""
+    written = [run_dir / n for n in ("config.yaml", "splits.npz", "protocol.json", "metrics.csv", "checkpoints/best.pt", "pretrain.json")]
     try:
         atomic_write_text(run_dir / "config.yaml", exp.to_yaml())
         task.save_artifacts(run_dir)  # splits.npz, protocol.json: the pixels the normaliser was fitted on
-        atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
         atomic_write_text(run_dir / "metrics.csv", metrics_csv_text(record["history"], CSV_FIELDS))
         save_checkpoint(run_dir / "checkpoints" / "best.pt", payload)
+        atomic_write_text(run_dir / "pretrain.json", json.dumps(record, indent=2) + "\n")
     except BaseException as exc:
         for path in written:
             with contextlib.suppress(OSError):

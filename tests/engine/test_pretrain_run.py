@@ -140,3 +140,25 @@ def test_compare_and_report_read_pretraining_folders(scene: Path, tmp_path: Path
         assert float(row[loss]) == pytest.approx(json.loads((run / "pretrain.json").read_text())["history"][-1]["train_loss"], rel=1e-3)
     capsys.readouterr()
     assert main(["report", str(a)]) == 0 and (a / "curves.png").is_file()
+
+
+def test_pretrain_json_comes_after_the_checkpoint_and_compare_needs_both(scene: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill between the writes must not leave a folder that looks finished: pretrain.json (the mark
+    compare reads) is written after checkpoints/best.pt, and compare wants the checkpoint too."""
+    import sciformer.engine.pretrain as engine
+
+    real, seen = engine.save_checkpoint, []
+
+    def save(path: Path, payload: dict) -> None:
+        seen.append((path.parent.parent / "pretrain.json").exists())
+        real(path, payload)
+
+    monkeypatch.setattr(engine, "save_checkpoint", save)
+    run = tmp_path / "run"
+    assert _pretrain(scene, run) == 0
+    assert seen == [False] and (run / "pretrain.json").is_file()
+    header, table = compare_runs([run])
+    assert table[0][header.index("status")] == "finished"
+    (run / "checkpoints" / "best.pt").unlink()  # what a kill between the writes of an older version left
+    header, table = compare_runs([run])
+    assert table[0][header.index("status")] == "unfinished: no checkpoints/best.pt"
