@@ -43,8 +43,9 @@ from sciformer.engine.loops import TrainingDiverged, to_device
 from sciformer.engine.noise import PerSampleRNG
 from sciformer.engine.pretrain_record import train_pixels_digest
 from sciformer.engine.reporting import metrics_csv_text
-from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, lock_run_dir
+from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunLock, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
+from sciformer.engine.signals import signals_held
 from sciformer.errors import ConfigError, SciformerError
 from sciformer.frontend import option
 from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
@@ -116,12 +117,15 @@ def pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: An
     settings.check()
     ckpt = run_dir / "checkpoints" / "best.pt"
     # refused before anything is written; a pre-training is not resumed and writes everything at its end
-    lock = lock_run_dir(run_dir, fresh=True, leftovers=UNFINISHED_PRETRAIN_FILES, resume_hint=False)
+    lock: RunLock | None = None
     try:
+        with signals_held():  # a signal meanwhile is raised once the lock can undo the folder
+            lock = lock_run_dir(run_dir, fresh=True, leftovers=UNFINISHED_PRETRAIN_FILES, resume_hint=False)
         _pretrain(exp, run_dir, settings, log)
         return ckpt
     finally:
-        lock.release()  # removes the folder again if nothing was written
+        if lock is not None:
+            lock.release()  # removes the folder again if nothing was written
 
 
 def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: Any) -> None:

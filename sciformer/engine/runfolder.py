@@ -20,11 +20,13 @@ import math
 import os
 import shutil
 import stat
+import weakref
 from pathlib import Path
 from typing import IO, Any
 
 from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, holds_pid_only, missing_folders, open_folder_lock, remove_empty_folders
 from sciformer.engine.report import EVALUATION_TABLES
+from sciformer.engine.signals import not_on_abrupt_exit, on_abrupt_exit, signals_held
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.frontend import option, resume_hint
 from sciformer.utils.atomic import temporary_of
@@ -131,16 +133,31 @@ def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True, leftovers: fro
 
 
 class RunLock:
-    """The lock on a run folder (held until :meth:`release` or the end of the process)."""
+    """The lock on a run folder (held until :meth:`release` or the end of the process).
+
+    While it is held, :meth:`release` is also registered to run if a signal ends the process
+    at once (inside an import: :func:`~sciformer.engine.signals.on_abrupt_exit`), so a run
+    interrupted in its first seconds leaves no folder either; the registration refers to the
+    lock weakly (a lock that is no longer used is not kept open by it)."""
 
     def __init__(self, run_dir: Path, handle: IO[str], created: bool, parents: tuple[Path, ...] = (), lock_created: bool = False) -> None:
         self.run_dir, self.handle, self.created = run_dir, handle, created
         self.parents = parents  # folders above run_dir this process created, innermost first
         self.lock_created = lock_created  # the .lock file is this process's (the folder may be older)
+        ref = weakref.ref(self, lambda _: not_on_abrupt_exit(undo))  # a lock collected unreleased: nothing left to run
+
+        def undo() -> None:
+            lock = ref()
+            if lock is not None:
+                lock.release()
+
+        self._undo = undo
+        on_abrupt_exit(undo)
 
     def release(self) -> None:
         """Unlock. Where nothing was written but the lock, what this process created goes again:
         the lock file, the run folder and the folders above it that it created (while empty)."""
+        not_on_abrupt_exit(self._undo)
         untouched = False
         with contextlib.suppress(OSError):
             untouched = self.lock_created and {p.name for p in self.run_dir.iterdir()} <= {".lock", "checkpoints"} \
@@ -168,8 +185,10 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str]
     created = not run_dir.exists()
     lock_created = not (run_dir / ".lock").exists()
     parents = missing_folders(run_dir)[1:]  # the folders above run_dir to create, innermost first
-    lock = RunLock(run_dir, _open_lock(run_dir), created, parents, lock_created)
+    lock: RunLock | None = None
     try:  # a refusal, or a signal (SIGTERM reads as Ctrl-C), from here on leaves no folder of only a .lock
+        with signals_held():  # a signal while the folder and its lock come into being is raised once the lock can undo them
+            lock = RunLock(run_dir, _open_lock(run_dir), created, parents, lock_created)
         if fresh:
             check_new_run_dir(run_dir, leftovers=leftovers, resume_hint=resume_hint)  # another process may have finished a run here meanwhile
         clean_temporaries(run_dir)
@@ -178,7 +197,8 @@ def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str]
                 with contextlib.suppress(OSError):
                     path.unlink()
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
         raise
     return lock
 

@@ -64,16 +64,27 @@ def _in_import(frame: Any) -> bool:
 _CLEANUPS: list[Callable[[], None]] = []  # what an exit without unwinding must still undo, innermost last
 
 
+def on_abrupt_exit(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` if a signal ends the process at once (inside an import), until
+    :func:`not_on_abrupt_exit`: for what outlives a block (a run folder's lock)."""
+    _CLEANUPS.append(cleanup)
+
+
+def not_on_abrupt_exit(cleanup: Callable[[], None]) -> None:
+    """Undo :func:`on_abrupt_exit` (nothing where ``cleanup`` is not registered)."""
+    with contextlib.suppress(ValueError):
+        _CLEANUPS.remove(cleanup)
+
+
 @contextlib.contextmanager
 def undone_on_abrupt_exit(cleanup: Callable[[], None]) -> Iterator[None]:
     """Run ``cleanup`` too if a signal ends the process at once (inside an import) while the
     block runs: there the block's own ``finally`` never runs."""
-    _CLEANUPS.append(cleanup)
+    on_abrupt_exit(cleanup)
     try:
         yield
     finally:
-        with contextlib.suppress(ValueError):
-            _CLEANUPS.remove(cleanup)
+        not_on_abrupt_exit(cleanup)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

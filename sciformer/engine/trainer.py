@@ -41,10 +41,10 @@ from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.run_records import epoch_line, log_scalars, open_tensorboard
-from sciformer.engine.runfolder import check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
+from sciformer.engine.runfolder import RunLock, check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.selection import improves, new_best, restore_best, stopped_early
-from sciformer.engine.signals import Interrupted, StopFlag
+from sciformer.engine.signals import Interrupted, StopFlag, signals_held
 from sciformer.engine.weights import context, init_from_checkpoint, load_strict, reason, resolve_init_from
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.utils.atomic import atomic_write_text
@@ -68,8 +68,10 @@ class Trainer:
         self.resume_state = resume_state
         t = self.cfg.train
         self.dist = init_distributed(t.device)
-        self._lock = lock_run_dir(run_dir, fresh=resume_state is None) if self.dist.is_main else None  # before any work
+        self._lock: RunLock | None = None
         try:
+            with signals_held():  # before any work; a signal meanwhile is raised once self._lock can undo the folder
+                self._lock = lock_run_dir(run_dir, fresh=resume_state is None) if self.dist.is_main else None
             self._setup(log)
         except BaseException:
             if self._lock is not None:

@@ -5,9 +5,12 @@ process; outside imports, and when main() is called in-process, it stays a Keybo
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 CODE = """
 import os, signal, sys
@@ -62,3 +65,57 @@ def test_a_signal_after_the_command_finished_leaves_its_success() -> None:
     out = subprocess.run([sys.executable, "-c", LATE_SIGNAL], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr)
+
+
+IMPORT_SIGNAL = """
+import sys
+sys.path.insert(0, {folder!r})
+sys.argv[0] = "sciformer"  # the command is the process
+from sciformer import cli
+from sciformer.engine import builders
+
+real = builders.build_task
+def build_task(exp):  # after the run folder is locked: a module imported while building the data signals this process
+    import sends_sigint_on_import
+    return real(exp)
+builders.build_task = build_task
+sys.exit(cli.main({argv!r}))
+"""
+
+
+def test_a_signal_inside_an_import_after_the_lock_leaves_no_run_folder(tmp_path: Path) -> None:
+    """Ctrl-C in a run's first seconds lands inside an import and ends the process at once: the run
+    folder's lock is undone too, so neither the folder nor the folders created above it stay."""
+    from synthetic import write_hsi_experiment
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "sends_sigint_on_import.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    cfg = write_hsi_experiment(tmp_path)
+    for command, extra in (("train", []), ("pretrain", ["--epochs", "1"])):
+        top = tmp_path / f"top_{command}"
+        argv = [command, "-c", str(cfg), "-o", str(top / "a" / "run"), *extra]
+        done = subprocess.run([sys.executable, "-c", IMPORT_SIGNAL.format(folder=str(tmp_path), argv=argv)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+        assert done.returncode == 130 and done.stderr.strip() == "sciformer: interrupted", (command, done)
+        assert not top.exists(), (command, sorted(str(p.relative_to(tmp_path)) for p in top.rglob("*")))
+
+
+def test_a_signal_while_the_lock_is_taken_leaves_no_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C between creating the folder and holding its lock waits until the lock can undo them."""
+    from sciformer.engine import runfolder
+
+    real = runfolder._open_lock
+
+    def open_lock(run_dir: Path):
+        handle = real(run_dir)
+        os.kill(os.getpid(), signal.SIGINT)  # the folder and .lock exist, the RunLock does not yet
+        return handle
+
+    monkeypatch.setattr(runfolder, "_open_lock", open_lock)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runfolder.lock_run_dir(tmp_path / "top" / "run")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not (tmp_path / "top").exists()
