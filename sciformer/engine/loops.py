@@ -62,8 +62,9 @@ def train_steps(
     before_step: Callable[[int, Batch], None] | None = None,
     reduce_step: Callable[[float, bool], tuple[float, bool]] | None = None,
     world_size: int = 1,
+    start: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[float, float]:
-    """Run optimisation steps over ``batches``; returns (summed loss x weight, weight).
+    """Run optimisation steps over ``batches``; returns (summed loss x weight, weight), added to ``start``.
 
     The weight of a batch is :func:`loss_weight`: its labelled count, or the sum of their
     class weights. ``before_step(i, batch)`` runs before the forward pass (per-step random
@@ -72,9 +73,11 @@ def train_steps(
     global weight, so the gradient averaged over ``world_size`` ranks is the loss of the
     global batch, uneven shares and class weights included. ``on_step(loss_sum, weight)`` is
     called after every optimiser step with the running totals (checkpointing, signals).
+    ``start``: the totals of the epoch's steps before these (a resumed epoch), which the loss of
+    each step is added to in turn, so the sum is the one an uninterrupted epoch makes, bit for bit.
     """
     model.train()
-    loss_sum, count = 0.0, 0.0
+    loss_sum, count = float(start[0]), float(start[1])
     for i, batch in enumerate(batches):
         batch = to_device(batch, device)
         target = batch["target"].reshape(-1)  # (n,)

@@ -307,7 +307,6 @@ class Trainer:
     def _run_epoch(self, stop: StopFlag) -> tuple[float, float]:
         """Train the rest of the epoch; returns the epoch's loss sum and weight (resumed part included)."""
         t = self.cfg.train
-        base_sum, base_count = self.partial
         batches, sizes = self._epoch_batches()
         rank, world = self.dist.rank, self.dist.world_size
 
@@ -327,7 +326,7 @@ class Trainer:
                 self.ema.update(self.model)
             self.step_in_epoch += 1
             self.global_step += 1
-            self.partial = (base_sum + loss_sum, base_count + count)
+            self.partial = (loss_sum, count)  # the resumed part included (train_steps' start)
             stopping = self.dist.any(stop.signal is not None, self.device)
             if stopping or (t.checkpoint_every_steps and self.global_step % t.checkpoint_every_steps == 0):
                 self._save("last.pt", partial=self._reduced(self.partial))
@@ -339,7 +338,7 @@ class Trainer:
 
         train_steps(self.net, batches, loss_fn=self.loss_fn, optimizer=self.optimizer, scheduler=self.scheduler,
                     scaler=self.scaler, device=self.device, amp=t.amp, grad_clip=t.grad_clip, on_step=on_step,
-                    before_step=before_step, reduce_step=reduce_step, world_size=world)
+                    before_step=before_step, reduce_step=reduce_step, world_size=world, start=self.partial)
         self.noise.end()
         return self._reduced(self.partial)
 
