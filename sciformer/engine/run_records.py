@@ -1,11 +1,52 @@
-"""What a training run records beside its checkpoints: the epoch's console line, TensorBoard scalars."""
+"""What a training run records beside its checkpoints: ``env.json``, the epoch's console line,
+TensorBoard scalars.
+
+``env.json`` is written when a run starts and names its environment (versions, device,
+threads, seed, command line, pid, run id). ``--resume`` keeps that record and appends one
+entry to its ``resumed`` list (the epoch and step it continued from, time, command line,
+pid, versions, device), so the run's start is never lost.
+"""
 
 from __future__ import annotations
 
+import json
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
 from sciformer.errors import SciformerError
+
+MAX_ENV_BYTES = 1 << 20  # env.json as sciformer writes it is a few hundred bytes per resume
+RESUME_KEYS = ("sciformer", "python", "torch", "numpy", "platform", "device", "cuda_device", "threads", "command", "pid", "world_size")
+
+
+def _recorded(path: Path) -> dict[str, Any] | None:
+    """The run's env.json as a dict, or None where it is missing, not a regular file, or not a JSON object."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENV_BYTES:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def env_record(path: Path, env: dict[str, Any], resumed_at: tuple[int, int] | None) -> dict[str, Any]:
+    """The env.json to write: ``env`` for a new run; for a run resumed at (epoch, step) the
+    recorded one with this resume appended to ``resumed`` and the checkpoint's run id (a run
+    older than run ids gets one on its first resume); where no readable record is there,
+    ``env`` whole with ``resumed_from_epoch`` and this resume."""
+    if resumed_at is None:
+        return {**env, "resumed_from_epoch": None}
+    entry = {"from_epoch": resumed_at[0], "from_step": resumed_at[1], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             **{k: env.get(k) for k in RESUME_KEYS}}
+    old = _recorded(path)
+    if old is None:
+        return {**env, "resumed_from_epoch": resumed_at[0], "resumed": [entry]}
+    earlier = old.get("resumed")
+    return {**old, "run_id": env.get("run_id"), "resumed": [*(earlier if isinstance(earlier, list) else []), entry]}
 
 
 def open_tensorboard(run_dir: Path, on: bool) -> Any:

@@ -3,7 +3,7 @@
 Run folder layout::
 
     config.yaml             resolved experiment (defaults filled in)
-    env.json                versions, device, seed, command line, run id (matched by --resume)
+    env.json                versions, device, seed, command line, run id (matched by --resume); resumes appended
     metrics.csv             one row per epoch
     checkpoints/last.pt     latest state (every epoch and every N steps), atomic
     checkpoints/best.pt     best on validation (never on test)
@@ -40,7 +40,7 @@ from sciformer.engine.metrics import PartIoU, Scores, check_monitor
 from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.reporting import metrics_csv_text
-from sciformer.engine.run_records import epoch_line, log_scalars, open_tensorboard
+from sciformer.engine.run_records import env_record, epoch_line, log_scalars, open_tensorboard
 from sciformer.engine.runfolder import RunLock, check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.selection import improves, new_best, restore_best, stopped_early
@@ -212,12 +212,9 @@ class Trainer:
         if not self.dist.is_main:
             return
         atomic_write_text(self.run_dir / "config.yaml", self.exp.to_yaml())
-        env = environment(self.device, self.cfg.train.seed)
-        env["world_size"] = self.dist.world_size
-        env["resumed_from_epoch"] = self.epoch if self.resume_state is not None else None
-        env["init_from"] = self.init_from
-        env["run_id"] = self.run_id
-        atomic_write_text(self.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
+        env = {**environment(self.device, self.cfg.train.seed), "world_size": self.dist.world_size, "init_from": self.init_from, "run_id": self.run_id}
+        resumed_at = (self.epoch, self.step_in_epoch) if self.resume_state is not None else None  # a resume is appended to the run's record
+        atomic_write_text(self.run_dir / "env.json", json.dumps(env_record(self.run_dir / "env.json", env, resumed_at), indent=2) + "\n")
         self.task.save_artifacts(self.run_dir)
 
     # ------------------------------------------------------------------ loop
