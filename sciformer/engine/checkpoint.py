@@ -206,8 +206,9 @@ def _check_data_info(info: dict[str, Any], path: Path) -> None:
 
 
 def checkpoint_progress(path: Path) -> dict[str, Any]:
-    """A checkpoint's records without reading its tensors: ``epoch``, ``step_in_epoch``, ``best``
-    (the tensors are memory-mapped, never read; loaded with ``weights_only=True``)."""
+    """A checkpoint's records without reading its tensors: ``epoch``, ``step_in_epoch``, ``best_epoch``
+    and ``last_row`` (the history's last epoch row; None when none). The tensors are memory-mapped,
+    never read; loaded with ``weights_only=True``."""
     try:
         regular_file(path, "checkpoint")
     except DataError as exc:
@@ -238,4 +239,7 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (epoch, step)):
         raise CheckpointError(f"checkpoint '{path}': 'epoch' / 'step_in_epoch' are not counts")
     best_epoch = best.get("epoch") if isinstance(best, dict) else None
-    return {"epoch": epoch, "step_in_epoch": step, "best_epoch": best_epoch if isinstance(best_epoch, int) else None}
+    history = data.get("history")
+    last_row = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else None
+    return {"epoch": epoch, "step_in_epoch": step, "best_epoch": best_epoch if isinstance(best_epoch, int) else None,
+            "last_row": last_row}

@@ -98,6 +98,7 @@ def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretr
     tensors are not read) against ``train.epochs`` of ``config.yaml``, and whether ``metrics.json``
     belongs to that state (a run resumed with more epochs keeps its earlier result until it ends)."""
     from sciformer.engine.checkpoint import checkpoint_progress  # torch: only when runs are compared
+    from sciformer.engine.selection import stopped_early
 
     last = run / "checkpoints" / "last.pt"
     if pretrain:  # pretrain.json is written after checkpoints/best.pt; a kill between older writes left it without
@@ -108,7 +109,9 @@ def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretr
     done, step, best = progress["epoch"], progress["step_in_epoch"], progress["best_epoch"]
     epochs, patience = config.get("train.epochs"), config.get("train.early_stop_patience")
     val_every = config.get("train.val_every") or 1
-    early = isinstance(patience, int) and isinstance(val_every, int) and best is not None and done - best >= patience * val_every
+    last_row = progress["last_row"]
+    early = (isinstance(patience, int) and isinstance(val_every, int) and best is not None and last_row is not None
+             and stopped_early({"epoch": best}, [last_row], patience, val_every))  # the rule the trainer stops by
     if not isinstance(epochs, int) or step or not (done >= epochs or early):
         where = f"epoch {done} of {epochs}" + (f" (+{step} steps)" if step else "")
         return f"unfinished: {where}" + ("; metrics.json is from an earlier end" if metrics.keys() - {"pretrain_loss"} else "")

@@ -20,17 +20,21 @@ from sciformer.engine.checkpoint import FORMAT, VERSION
 
 
 def fake_run(folder: Path, *, epochs: int = 2, done: int | None = 2, metrics: dict[str, Any] | None = None,
-             best: int = 1, patience: int | None = None, lr: float = 0.01) -> Path:
-    """A run folder as train leaves it: config.yaml, metrics.json and checkpoints/last.pt (records only)."""
+             best: int = 1, patience: int | None = None, lr: float = 0.01, val_every: int = 1) -> Path:
+    """A run folder as train leaves it: config.yaml, metrics.json and checkpoints/last.pt (records
+    only; epochs that are multiples of ``val_every`` validated)."""
     folder.mkdir(parents=True)
-    config = {"name": "toy", "train": {"epochs": epochs, "early_stop_patience": patience, "val_every": 1}, "optimizer": {"lr": lr}}
+    config = {"name": "toy", "train": {"epochs": epochs, "early_stop_patience": patience, "val_every": val_every},
+              "optimizer": {"lr": lr}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     if metrics is not None:
         (folder / "metrics.json").write_text(json.dumps(metrics))
     if done is not None:
         (folder / "checkpoints").mkdir()
         torch.save({"format": FORMAT, "version": VERSION, "epoch": done, "step_in_epoch": 0,
-                    "best": {"metric": "oa", "value": 0.5, "epoch": best}, "model": {"w": torch.zeros(3)}},
+                    "best": {"metric": "oa", "value": 0.5, "epoch": best}, "model": {"w": torch.zeros(3)},
+                    "history": [{"epoch": e, "train_loss": 1.0, **({"val_loss": 1.0} if e % val_every == 0 else {})}
+                                for e in range(1, done + 1)]},
                    folder / "checkpoints" / "last.pt")
     return folder
 
@@ -80,8 +84,11 @@ def test_status_says_whether_a_run_finished_and_whose_metrics_a_row_shows(tmp_pa
             fake_run(tmp_path / "early", epochs=50, done=6, best=3, patience=3, metrics={**TEST, "best_epoch": 3}),
             fake_run(tmp_path / "stale", done=2, best=2, metrics=TEST),  # best.pt moved on since metrics.json
             fake_run(tmp_path / "nometrics", metrics=None),
-            fake_run(tmp_path / "nockpt", done=None, metrics=None)]
+            fake_run(tmp_path / "nockpt", done=None, metrics=None),
+            # killed after an epoch that did not validate: not an early stop, however far from the best
+            fake_run(tmp_path / "between", epochs=50, done=3, best=0, patience=1, val_every=2, metrics=None)]
     status = [r["status"] for r in table(capsys, *runs)]
+    assert status[6] == "unfinished: epoch 3 of 50"
     assert status[0] == "finished"
     assert status[1] == "unfinished: epoch 12 of 400; metrics.json is from an earlier end"
     assert status[2] == "finished (early stop)"
