@@ -60,6 +60,13 @@ def resume_hint(run_dir: str | Path, world_size: int = 1) -> str:
     return f"sciformer.train(resume={str(run_dir)!r})" if from_python() else f"sciformer train --resume {run_dir}"
 
 
+def init_from_command(source: str | Path) -> str:
+    """How to start a new run from the weights in ``source`` (a run folder or checkpoint)."""
+    if from_python():
+        return f"sciformer.train(CONFIG, init_from={str(source)!r})"
+    return f"sciformer train -c CONFIG --init-from {source}"
+
+
 def check_paths(call: str, **paths: object) -> None:
     """A one-line ConfigError naming the keyword of a path argument that is neither a path (str, os.PathLike) nor None."""
     for keyword, value in paths.items():

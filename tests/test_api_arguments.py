@@ -49,3 +49,17 @@ def test_api_messages_name_the_keywords_and_the_command_line_its_flags(tmp_path:
     assert f"--output-dir {run} already holds a run; continue it with --resume {run} " in capsys.readouterr().err
     assert main(["pretrain", "-c", str(DEMO), "--epochs", "0"]) == 2
     assert "pretrain --epochs: expected 1..100000, got 0" in capsys.readouterr().err
+
+
+def test_run_messages_name_init_from_and_resume_as_their_reader_typed_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from sciformer.cli import main
+    from sciformer.frontend import init_from_command, python_api
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"^init_from= starts a new run from a checkpoint's weights, resume= continues a run"):
+        sciformer.train(DEMO, resume=run, init_from=run)
+    assert main(["train", "--resume", str(run), "--init-from", str(run)]) == 2
+    assert "--init-from starts a new run from a checkpoint's weights, --resume continues a run" in capsys.readouterr().err
+    with python_api():
+        assert init_from_command(run) == f"sciformer.train(CONFIG, init_from={str(run)!r})"
+    assert init_from_command(run) == f"sciformer train -c CONFIG --init-from {run}"

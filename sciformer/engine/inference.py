@@ -22,6 +22,7 @@ from sciformer.engine.loops import autocast, to_device
 from sciformer.engine.runtime import apply_threads, pick_device
 from sciformer.engine.weights import load_strict, model_family
 from sciformer.errors import CheckpointError, SciformerError
+from sciformer.frontend import init_from_command, option
 
 RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
 
@@ -37,7 +38,7 @@ def checkpoint_experiment(state: dict[str, Any], ckpt_path: Path, overrides: lis
     stored = ((state.get("config") or {}).get("model") or {}).get("name")
     asked = next((o.split("=", 1)[1].strip().strip("'\"") for o in reversed(overrides) if o.split("=", 1)[0].strip() == "model.name"), stored)
     if asked != stored:  # before its parameters are judged against the other model's keys
-        hint = f" (to start a '{asked}' run from the weights they share, train with --init-from)" if model_family(str(stored)) == model_family(asked) else ""
+        hint = f" (to start a '{asked}' run from the weights they share, train with {option('--init-from')})" if model_family(str(stored)) == model_family(asked) else ""
         raise CheckpointError(f"checkpoint '{ckpt_path}' holds model '{stored}', model.name={asked} asks for another model{hint}")
     return config.from_dict(state["config"], Path(state["config_dir"]), overrides, source=f"checkpoint '{ckpt_path}' config")
 
@@ -68,7 +69,7 @@ def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str |
     state = load_checkpoint(ckpt_path, in_run="best.pt")  # a run folder: the model its metrics.json reports
     if state.get("pretrain") is not None:
         raise CheckpointError(f"checkpoint '{ckpt_path}' holds pre-trained weights without a classifier; fine-tune them first: "
-                              f"sciformer train -c CONFIG --init-from {ckpt_path}")
+                              f"{init_from_command(ckpt_path)}")
     exp = checkpoint_experiment(state, ckpt_path, list(overrides) + trained_feature_overrides(state, overrides))
     apply_threads(exp.cfg.train.threads)  # as in training: train.threads, null the measured best
     device = pick_device(device_name or exp.cfg.train.device)

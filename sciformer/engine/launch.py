@@ -60,7 +60,7 @@ def prepare_training(
     out = Path(output_dir) if output_dir is not None else None
     if init_from is not None:
         if resume is not None:
-            raise ConfigError("--init-from starts a new run from a checkpoint's weights, --resume continues a run; use one of them")
+            raise ConfigError(f"{option('--init-from')} starts a new run from a checkpoint's weights, {option('--resume')} continues a run; use one of them")
         overrides.append(f"train.init_from={json.dumps(str(checkpoint_file(Path(init_from).expanduser(), 'best.pt').resolve()))}")
     if resume is not None:
         resume = Path(resume)
@@ -69,14 +69,14 @@ def prepare_training(
         missing = [k for k in RESUME_KEYS if k not in state]
         if missing:
             raise CheckpointError(f"checkpoint '{ckpt_path}' cannot be resumed: it lacks {', '.join(missing)} "
-                                  "(a best.pt holds weights only); start a new run from its weights with --init-from")
+                                  f"(a best.pt holds weights only); start a new run from its weights with {option('--init-from')}")
         run_dir = check_resume_location(ckpt_path)
         check_run_identity(run_dir, state, ckpt_path)
         exp = checkpoint_experiment(state, ckpt_path, overrides)
         check_resume_config(state["config"], exp.to_dict(), str(ckpt_path))
         stored_init = ((state["config"].get("train") or {}).get("init_from"))
         if exp.cfg.train.init_from != stored_init:
-            raise ConfigError(f"--resume cannot change train.init_from (checkpoint '{ckpt_path}' has {stored_init!r}); the weights come from the run")
+            raise ConfigError(f"{option('--resume')} cannot change train.init_from (checkpoint '{ckpt_path}' has {stored_init!r}); the weights come from the run")
         if out is not None and out.resolve() != run_dir:
             raise RunFolderError(f"--output-dir {out} differs from the resumed run folder {run_dir}; drop --output-dir")
         if config_source is not None and is_main_process():

@@ -12,6 +12,7 @@ from torch import nn
 from sciformer.contracts import Batch, masked_logits
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU
 from sciformer.errors import SciformerError
+from sciformer.frontend import option
 
 
 class TrainingDiverged(SciformerError):
@@ -90,7 +91,8 @@ def train_steps(
         non_finite = not bool(torch.isfinite(loss))
         n_global, non_finite = reduce_step(n, non_finite) if reduce_step is not None else (n, non_finite)
         if non_finite:
-            raise TrainingDiverged(f"training loss became {loss.item() if n else 'nan'} at step {i} of the epoch; lower optimizer.lr or set train.grad_clip, then --resume")
+            raise TrainingDiverged(f"training loss became {loss.item() if n else 'nan'} at step {i} of the epoch; "
+                                   f"lower optimizer.lr or set train.grad_clip, then {option('--resume')}")
         scaled = loss * (n * world_size / n_global) if world_size > 1 and n_global else loss
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:

@@ -47,7 +47,7 @@ from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunLock, lock_
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.signals import signals_held
 from sciformer.errors import ConfigError, SciformerError
-from sciformer.frontend import option
+from sciformer.frontend import init_from_command, option
 from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
@@ -168,7 +168,7 @@ def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: A
     weights = {k: v for k, v in model.state_dict().items() if not k.startswith("head.")}  # the head is the fine-tuning's
     _write(run_dir, exp, task, record, {"config": exp.to_dict(), "config_dir": str(exp.base_dir), "data_info": builders.data_info_to_dict(task.info),
                                         "data_state": task.state(), "model": weights, "epoch": settings.epochs, "pretrain": record, "init_from": None})
-    log(f"pretrained weights: {run_dir / 'checkpoints' / 'best.pt'} (start a run from them with: sciformer train -c CONFIG --init-from {run_dir})")
+    log(f"pretrained weights: {run_dir / 'checkpoints' / 'best.pt'} (start a run from them with: {init_from_command(run_dir)})")
 
 
 def _write(run_dir: Path, exp: Experiment, task: Any, record: dict[str, Any], payload: dict[str, Any]) -> None:

@@ -242,9 +242,9 @@ def check_run_identity(run_dir: Path, state: dict[str, Any], ckpt_path: Path) ->
     except (OSError, ValueError, AttributeError):
         return
     if isinstance(ours, str) and isinstance(theirs, str) and ours != theirs:
-        raise RunFolderError(f"--resume {run_dir}: '{ckpt_path}' was written by another run (run id {ours[:12]}; the folder's "
+        raise RunFolderError(f"{option('--resume', run_dir)}: '{ckpt_path}' was written by another run (run id {ours[:12]}; the folder's "
                              f"env.json names {theirs[:12]}): resume that run in its own folder, or start a new run from "
-                             "these weights with --init-from")
+                             f"these weights with {option('--init-from')}")
 
 
 def check_resume_location(ckpt_path: Path) -> Path:
@@ -258,21 +258,21 @@ def check_resume_location(ckpt_path: Path) -> Path:
     """
     folder = Path(os.path.abspath(ckpt_path.parent))
     if ckpt_path.name != "last.pt" or folder.name != "checkpoints":
-        raise RunFolderError(f"--resume continues a run from its checkpoints/last.pt, and '{ckpt_path}' is not one "
+        raise RunFolderError(f"{option('--resume')} continues a run from its checkpoints/last.pt, and '{ckpt_path}' is not one "
                              "(resuming it would rewind or misplace the run); give the run folder, or start a new run "
-                             "from these weights with --init-from")
+                             f"from these weights with {option('--init-from')}")
     run_dir = folder.parent.resolve()
     if not _our_lock(run_dir / ".lock") or not (run_dir / "config.yaml").is_file():
-        raise RunFolderError(f"--resume '{ckpt_path}': {run_dir} is not a sciformer run folder (no .lock with a process id, "
+        raise RunFolderError(f"{option('--resume', ckpt_path)}: {run_dir} is not a sciformer run folder (no .lock with a process id, "
                              "or no config.yaml); a run continues in its own folder: copy the whole run folder "
-                             "(with its .lock), or start a new run from these weights with --init-from")
+                             f"(with its .lock), or start a new run from these weights with {option('--init-from')}")
     odd = [n for n in OWN_FOLDERS if (run_dir / n).exists() or (run_dir / n).is_symlink()]
     odd = [n + "/" for n in odd if not _folder(run_dir / n)]
     log = run_dir / "train.log"
     if (log.exists() or log.is_symlink()) and not _regular(log):
         odd.append("train.log")
     if odd:
-        raise RunFolderError(f"--resume {run_dir}: {', '.join(odd)} is a link, a hard link or a special file where the run "
+        raise RunFolderError(f"{option('--resume', run_dir)}: {', '.join(odd)} is a link, a hard link or a special file where the run "
                              "keeps its own; it would write through it into other files: restore the run folder's own entries")
     return run_dir
 
@@ -303,7 +303,7 @@ def check_resume_state(state: dict[str, Any], where: str) -> dict[str, Any]:
     wl = data.get("wavelengths")
     if wl is not None and not data.get("bands_ascending") and any(b < a for a, b in zip(list(wl)[:-1], list(wl)[1:])):
         raise CheckpointError(f"checkpoint '{where}': trained on bands out of wavelength order, which runs now sort; "
-                              f"it cannot be resumed: train a new run (--init-from {where} to start from its weights)")
+                              f"it cannot be resumed: train a new run ({option('--init-from', where)} to start from its weights)")
     return out
 
 
@@ -320,14 +320,14 @@ def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: st
             key = f"{section}.{keys[0]}" if keys else section
             old = a.get(keys[0]) if keys else a
             new = b.get(keys[0]) if keys else b
-            raise CheckpointError(f"--resume cannot change {key} (checkpoint '{where}' has {str(old)[:60]!r}, asked {str(new)[:60]!r}); "
+            raise CheckpointError(f"{option('--resume')} cannot change {key} (checkpoint '{where}' has {str(old)[:60]!r}, asked {str(new)[:60]!r}); "
                                   "start a new run with --config instead")
     a_opt, b_opt = stored.get("optimizer", {}).get("name"), asked.get("optimizer", {}).get("name")
     if a_opt != b_opt:
-        raise CheckpointError(f"--resume cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")
+        raise CheckpointError(f"{option('--resume')} cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")
     a_seed, b_seed = (stored.get("train") or {}).get("seed"), (asked.get("train") or {}).get("seed")
     if a_seed != b_seed:  # it drew the first weights and, where data.split.seed is null, the split: a new one would test on training pixels
-        raise CheckpointError(f"--resume cannot change train.seed (checkpoint '{where}' has {a_seed!r}, asked {b_seed!r}): it drew "
+        raise CheckpointError(f"{option('--resume')} cannot change train.seed (checkpoint '{where}' has {a_seed!r}, asked {b_seed!r}): it drew "
                               "the run's first weights and, unless data.split.seed is set, its split; start a new run instead")
 
 

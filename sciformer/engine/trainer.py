@@ -47,6 +47,7 @@ from sciformer.engine.selection import improves, new_best, restore_best, stopped
 from sciformer.engine.signals import Interrupted, StopFlag, signals_held
 from sciformer.engine.weights import context, init_from_checkpoint, load_strict, reason, resolve_init_from
 from sciformer.errors import CheckpointError, SciformerError
+from sciformer.frontend import option
 from sciformer.utils.atomic import atomic_write_text
 from sciformer.utils.progress import progress
 
@@ -167,7 +168,7 @@ class Trainer:
         saved = builders.data_info_to_dict(self.info)
         if any(state["data_info"].get(k) != saved[k] for k in ("num_classes", "in_channels")):
             raise CheckpointError(f"checkpoint '{where}': the run's data changed since it was written: {reason(context(state, self.exp.to_dict(), saved))[0]}; "
-                                  f"continue only on its data, or train a new run with --init-from {where} to fine-tune")
+                                  f"continue only on its data, or train a new run with {option('--init-from', where)} to fine-tune")
         check_resume_layout(state, where, self.steps_per_epoch, self.dist.world_size)  # after the data check: new data changes the steps too
         if pos["step_in_epoch"] > self.steps_per_epoch or pos["epoch"] > self.cfg.train.epochs + 10**6:
             raise CheckpointError(f"checkpoint '{where}': step_in_epoch {pos['step_in_epoch']} is beyond the {self.steps_per_epoch} steps of an epoch")
@@ -348,7 +349,7 @@ class Trainer:
         tensors = [t.detach() for t in (*self.model.parameters(), *self.model.buffers()) if t.is_floating_point()]
         if tensors and not bool(torch.isfinite(torch.stack([t.float().abs().sum() for t in tensors])).all()):
             raise TrainingDiverged(f"training weights became nan/inf at epoch {self.epoch + 1}, step {self.step_in_epoch + 1}; "
-                                   "lower optimizer.lr or set train.grad_clip, then --resume")
+                                   f"lower optimizer.lr or set train.grad_clip, then {option('--resume')}")
 
     def _reduced(self, partial: tuple[float, float]) -> tuple[float, float]:
         """Loss sum and loss weight (:func:`~sciformer.engine.loops.loss_weight`) summed over ranks."""

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from sciformer.errors import CheckpointError, SciformerError
+from sciformer.frontend import option
 
 Shape = tuple[int, ...]
 MAX_NAMES = 4  # tensor names listed in one line before "+N more"
@@ -156,7 +157,7 @@ def mismatch(own: dict[str, Any], src: dict[str, Any], ctx: Context, where: str)
 def _hint(ctx: Context, where: str) -> str:
     if ctx.ckpt_model == ctx.model and not ctx.params and (ctx.classes[0] != ctx.classes[1] or ctx.channels[0] != ctx.channels[1]
                                                            or ctx.patch[0] != ctx.patch[1]):
-        return f"; to fine-tune it on this data, train a new run with --init-from {where}"
+        return f"; to fine-tune it on this data, train a new run with {option('--init-from', where)}"
     return ""
 
 
@@ -206,7 +207,7 @@ def check_data_fits(state: dict[str, Any], exp: Any, info: Any, where: str | Pat
     classes = (state.get("data_info") or {}).get("num_classes")
     if classes != info.num_classes:  # a model without a class-sized tensor still predicts the wrong classes
         raise CheckpointError(f"checkpoint '{where}' was trained for {classes} classes, this data has {info.num_classes}"
-                              f"; to fine-tune it on this data, train a new run with --init-from {where}")
+                              f"; to fine-tune it on this data, train a new run with {option('--init-from', where)}")
 
 
 # ------------------------------------------------------------------------ --init-from
@@ -251,14 +252,14 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
     ctx = context(state, exp_dict, info)
     src_family, dst_family = model_family(ctx.ckpt_model), model_family(ctx.model)
     if src_family is not None and dst_family is not None and src_family != dst_family:
-        raise CheckpointError(f"--init-from '{shown}' holds model '{ctx.ckpt_model}' ({src_family}), this experiment builds "
-                              f"'{ctx.model}' ({dst_family}); --init-from takes a checkpoint of the same model family")
+        raise CheckpointError(f"{option('--init-from', shown)} holds model '{ctx.ckpt_model}' ({src_family}), this experiment builds "
+                              f"'{ctx.model}' ({dst_family}); {option('--init-from')} takes a checkpoint of the same model family")
     own, src = model.state_dict(), state["model"]
     loaded, redone = [], {}
     for name, tensor in own.items():
         value = src.get(name)
         if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(tensor.shape):
-            odd = _kind_mismatch(name, value, tensor, f"--init-from '{shown}'")
+            odd = _kind_mismatch(name, value, tensor, option("--init-from", shown))
             if odd is not None:
                 raise CheckpointError(odd)
             loaded.append(name)
@@ -267,8 +268,8 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
             f"shape differs: {reason(ctx, tuple(value.shape), tuple(tensor.shape))[1]}"
         redone.setdefault(why, []).append(name)
     if not loaded:
-        raise CheckpointError(f"--init-from '{shown}': none of its {len(src)} tensors (model '{ctx.ckpt_model}') matches model "
-                              f"'{ctx.model}' by name and shape; --init-from takes a checkpoint of the same model family")
+        raise CheckpointError(f"{option('--init-from', shown)}: none of its {len(src)} tensors (model '{ctx.ckpt_model}') matches model "
+                              f"'{ctx.model}' by name and shape; {option('--init-from')} takes a checkpoint of the same model family")
     model.load_state_dict({**own, **{n: src[n] for n in loaded}})
     unused = [n for n in src if n not in own]
     line = f"init-from {shown}: loaded {len(loaded)} of {len(own)} tensors"
