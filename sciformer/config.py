@@ -36,6 +36,7 @@ from pydantic import (
 from sciformer.config_numbers import bool_for_number
 from sciformer.contracts import METRIC_NAMES, SEED_MAX, plain_scalar
 from sciformer.errors import ConfigError
+from sciformer.frontend import from_python
 from sciformer.registry import DATASETS, MODELS, Registry
 from sciformer.utils import yamlio
 from sciformer.utils.suggest import did_you_mean
@@ -345,8 +346,9 @@ def validate(raw: Any, *, base_dir: Path, source: str = "") -> Experiment:
 
 
 def _check_hidden_width(params: Any, source: str) -> None:
-    """``model.mlp_ratio`` times the model's widest width (``dim`` or ``channels``) within :data:`MAX_HIDDEN_WIDTH`."""
-    ratio, widths = getattr(params, "mlp_ratio", None), [getattr(params, "dim", None) or 0, *(getattr(params, "channels", None) or [])]
+    """``model.mlp_ratio`` times the model's widest width (``dim``, ``channels`` or ``decoder_channels``) within :data:`MAX_HIDDEN_WIDTH`."""
+    ratio = getattr(params, "mlp_ratio", None)
+    widths = [getattr(params, "dim", None) or 0, *(getattr(params, "channels", None) or []), *(getattr(params, "decoder_channels", None) or [])]
     if isinstance(ratio, (int, float)) and max(widths) * ratio > MAX_HIDDEN_WIDTH:
         raise ConfigError(f"{source + ': ' if source else ''}model.mlp_ratio: {ratio:g} makes an MLP hidden width of "
                           f"{max(widths) * ratio:.4g} ({max(widths)} x {ratio:g}), beyond the largest {MAX_HIDDEN_WIDTH}")
@@ -363,7 +365,7 @@ def blame_overrides(overrides: list[str] | None, source: str) -> Iterator[None]:
             key = override.partition("=")[0].strip()
             rest = text.removeprefix(f"{source}: ")
             if rest != text and (rest.startswith((f"{key}:", f"{key}.")) or f"'{key}'" in rest):
-                raise ConfigError(f"command line '{override}': {rest}") from None
+                raise ConfigError(f"{'override' if from_python() else 'command line'} '{override}': {rest}") from None
         raise
 
 

@@ -43,11 +43,12 @@ def from_python() -> bool:
     return _PYTHON.get()
 
 
-def option(flag: str, value: object = _NO_VALUE) -> str:
-    """``--flag`` or ``--flag VALUE`` on the command line; ``keyword=`` or ``keyword=VALUE`` from Python."""
+def option(flag: str, value: object = _NO_VALUE, *, quoted: bool = False) -> str:
+    """``--flag`` or ``--flag VALUE`` (``--flag 'VALUE'`` when ``quoted``) on the command line;
+    ``keyword=`` or ``keyword=VALUE`` from Python."""
     keyword = KEYWORDS.get(flag)
     if keyword is None or not from_python():
-        return flag if value is _NO_VALUE else f"{flag} {value}"
+        return flag if value is _NO_VALUE else f"{flag} '{value}'" if quoted else f"{flag} {value}"
     if value is _NO_VALUE:
         return f"{keyword}="
     return f"{keyword}={str(value)!r}" if isinstance(value, (str, os.PathLike)) else f"{keyword}={value}"

@@ -129,6 +129,6 @@ def load_builtins() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
     for module in _BUILTIN_MODULES:
         importlib.import_module(module)
+    _loaded = True  # only once all are in: an import stopped part way (Ctrl-C) is tried again next time

@@ -63,3 +63,36 @@ def test_run_messages_name_init_from_and_resume_as_their_reader_typed_them(tmp_p
     with python_api():
         assert init_from_command(run) == f"sciformer.train(CONFIG, init_from={str(run)!r})"
     assert init_from_command(run) == f"sciformer train -c CONFIG --init-from {run}"
+
+
+def test_folder_and_override_messages_name_what_python_passed(tmp_path: Path) -> None:
+    user = tmp_path / "userdir"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(sciformer.api.SciformerError, match=re.escape(f"output_dir='{user}' is not empty ('notes.txt')")):
+        sciformer.train(DEMO, {"train.epochs": 1}, output_dir=user)
+    with pytest.raises(ConfigError, match=r"^override 'train\.seed="):
+        sciformer.train(DEMO, {"train.seed": -1}, output_dir=tmp_path / "new")
+    assert (user / "notes.txt").read_text() == "mine" and not (tmp_path / "new").exists()
+
+
+def test_builtins_interrupted_while_loading_load_on_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the first import of the built-in datasets and models: the next call loads them (it found none)."""
+    import importlib
+
+    from sciformer import registry
+
+    real, calls = importlib.import_module, []
+
+    def interrupted(name: str, *args: object) -> object:
+        calls.append(name)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(name, *args)
+
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        registry.load_builtins()
+    registry.load_builtins()
+    assert len(calls) == 1 + len(registry._BUILTIN_MODULES) and registry._loaded

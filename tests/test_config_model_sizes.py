@@ -18,10 +18,11 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
     ("modelnet10_v3.yaml", "model.mlp_ratio=1e6", r"model\.mlp_ratio: 1e\+06 makes an MLP hidden width"),
     ("s3dis_area5.yaml", "model.k=1000000000", r"model\.k: 1000000000 is beyond"),
     ("modelnet10_v3.yaml", "model.cpe_k=100000", r"model\.cpe_k: 100000 is beyond"),
+    ("lidar_tiles_v3.yaml", "model.decoder_channels=[16384,64,128] model.mlp_ratio=64", r"model\.mlp_ratio: 64 makes .* \(16384 x 64\)"),
 ])
 def test_an_absurd_size_is_refused_naming_the_key(experiment: str, override: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
-        config.load(EXPERIMENTS / experiment, [override])
+        config.load(EXPERIMENTS / experiment, override.split())
 
 
 def test_usual_sizes_pass() -> None:

@@ -78,10 +78,10 @@ def prepare_training(
         if exp.cfg.train.init_from != stored_init:
             raise ConfigError(f"{option('--resume')} cannot change train.init_from (checkpoint '{ckpt_path}' has {stored_init!r}); the weights come from the run")
         if out is not None and out.resolve() != run_dir:
-            raise RunFolderError(f"--output-dir {out} differs from the resumed run folder {run_dir}; drop --output-dir")
+            raise RunFolderError(f"{option('--output-dir', out)} differs from the resumed run folder {run_dir}; drop {option('--output-dir')}")
         if config_source is not None and is_main_process():
-            print(f"note: --resume takes the config stored in the run; {config_source} is not read "
-                  "(to fine-tune its weights on another experiment, use --init-from)", file=sys.stderr)
+            print(f"note: {option('--resume')} takes the config stored in the run; {config_source} is not read "
+                  f"(to fine-tune its weights on another experiment, use {option('--init-from')})", file=sys.stderr)
         return exp, run_dir, state
     if config_source is None:
         raise ConfigError(f"train needs {option('--config')} PATH (or {option('--resume')} RUN)")

@@ -125,10 +125,10 @@ def check_new_run_dir(run_dir: Path, *, resume_hint: bool = True, leftovers: fro
     try:
         foreign = _foreign_entries(run_dir, sorted(p.name for p in run_dir.iterdir()), leftovers)
     except OSError as exc:
-        raise RunFolderError(f"--output-dir {run_dir}: cannot list the folder ({exc.strerror or exc})") from None
+        raise RunFolderError(f"{option('--output-dir', run_dir)}: cannot list the folder ({exc.strerror or exc})") from None
     if foreign:
         shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise RunFolderError(f"--output-dir {run_dir} is not empty ({shown}) and is not a sciformer run; "
+        raise RunFolderError(f"{option('--output-dir', run_dir)} is not empty ({shown}) and is not a sciformer run; "
                              "a run never writes beside other files: choose a new or empty folder")
 
 
@@ -263,7 +263,7 @@ def check_resume_location(ckpt_path: Path) -> Path:
                              f"from these weights with {option('--init-from')}")
     run_dir = folder.parent.resolve()
     if not _our_lock(run_dir / ".lock") or not (run_dir / "config.yaml").is_file():
-        raise RunFolderError(f"{option('--resume', ckpt_path)}: {run_dir} is not a sciformer run folder (no .lock with a process id, "
+        raise RunFolderError(f"{option('--resume', ckpt_path, quoted=True)}: {run_dir} is not a sciformer run folder (no .lock with a process id, "
                              "or no config.yaml); a run continues in its own folder: copy the whole run folder "
                              f"(with its .lock), or start a new run from these weights with {option('--init-from')}")
     odd = [n for n in OWN_FOLDERS if (run_dir / n).exists() or (run_dir / n).is_symlink()]

@@ -252,14 +252,14 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
     ctx = context(state, exp_dict, info)
     src_family, dst_family = model_family(ctx.ckpt_model), model_family(ctx.model)
     if src_family is not None and dst_family is not None and src_family != dst_family:
-        raise CheckpointError(f"{option('--init-from', shown)} holds model '{ctx.ckpt_model}' ({src_family}), this experiment builds "
+        raise CheckpointError(f"{option('--init-from', shown, quoted=True)} holds model '{ctx.ckpt_model}' ({src_family}), this experiment builds "
                               f"'{ctx.model}' ({dst_family}); {option('--init-from')} takes a checkpoint of the same model family")
     own, src = model.state_dict(), state["model"]
     loaded, redone = [], {}
     for name, tensor in own.items():
         value = src.get(name)
         if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(tensor.shape):
-            odd = _kind_mismatch(name, value, tensor, option("--init-from", shown))
+            odd = _kind_mismatch(name, value, tensor, option("--init-from", shown, quoted=True))
             if odd is not None:
                 raise CheckpointError(odd)
             loaded.append(name)
@@ -268,7 +268,7 @@ def init_from_checkpoint(model: nn.Module, path: str | Path, exp_dict: dict[str,
             f"shape differs: {reason(ctx, tuple(value.shape), tuple(tensor.shape))[1]}"
         redone.setdefault(why, []).append(name)
     if not loaded:
-        raise CheckpointError(f"{option('--init-from', shown)}: none of its {len(src)} tensors (model '{ctx.ckpt_model}') matches model "
+        raise CheckpointError(f"{option('--init-from', shown, quoted=True)}: none of its {len(src)} tensors (model '{ctx.ckpt_model}') matches model "
                               f"'{ctx.model}' by name and shape; {option('--init-from')} takes a checkpoint of the same model family")
     model.load_state_dict({**own, **{n: src[n] for n in loaded}})
     unused = [n for n in src if n not in own]

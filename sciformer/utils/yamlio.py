@@ -151,6 +151,16 @@ _Dumper.yaml_implicit_resolvers = {
 }
 
 
+def _line_break_quoted(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    """A string with a character YAML folds or reads as a line break (NEL, LS, PS) in double quotes, escaped."""
+    if any(c in text for c in "\x85\u2028\u2029"):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style='"')
+    return dumper.represent_str(text)
+
+
+_Dumper.add_representer(str, _line_break_quoted)
+
+
 def dumps(data: Any) -> str:
     """Dump plain data as block-style YAML with keys in insertion order (read back by :func:`loads` as it was)."""
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -28,7 +28,8 @@ def test_a_leading_zero_is_decimal_in_an_override() -> None:
 
 
 def test_a_dump_reads_back_as_it_was() -> None:
-    data = {"a": ["0o17", "1e3", "010", "yes", "on", "1:30", "0x1F", "x", 5, 1.5, True, None]}
+    data = {"a": ["0o17", "1e3", "010", "yes", "on", "1:30", "0x1F", "x", 5, 1.5, True, None,
+                  "run\x85b", "a\u2028b", "c\u2029d", "e\nf"]}  # line-break characters YAML would fold
     assert loads(dumps(data)) == data
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from sciformer.data.hsi.wavelengths import TOLERANCE_NM, describe, same_wavelengths
 from sciformer.data.predicting import state_value
 from sciformer.errors import DataError
+from sciformer.frontend import option
 
 HOW_TO_GIVE = ("give the cube's band centres (an ENVI 'wavelength' field, data.wavelength_key for .mat, "
                "--wavelengths, or wavelengths= in Python)")
@@ -130,7 +131,7 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
                                 f"{trained.bands} bands placed by wavelength: {HOW_TO_GIVE}")
             return BandPlan(trained.wavelengths, notes=[
                 f"note: {where} carries no wavelengths; using the model's ({describe(trained.wavelengths)}), "
-                "as for the same sensor; give --wavelengths if it is another"])
+                f"as for the same sensor; give {option('--wavelengths')} if it is another"])
         if same_wavelengths(wl, trained.wavelengths):
             return BandPlan(wl)
         lo, hi = float(trained.wavelengths.min()), float(trained.wavelengths.max())
