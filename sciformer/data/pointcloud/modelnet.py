@@ -81,6 +81,7 @@ from sciformer.data.transforms import (
     Sample,
     TransformList,
     build_transforms,
+    index_points,
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
@@ -170,6 +171,18 @@ class ShapeDataset(PointDataset):
 CLASS_OUTPUTS = (".json", ".npy")  # shape classification: the class and its probabilities
 
 
+def shape_points(sample: Sample, n: int, seed: int = 0) -> Sample:
+    """``n`` points of a shape file, as training draws them from its randomly ordered files: a
+    seeded random subset (repeated cyclically below ``n``), taken from the points in
+    lexicographic order so that the file's own order (scan lines, sorted by height) changes nothing.
+
+    Shapes: per-point arrays (m, ...) -> (n, ...).
+    """
+    coord = np.asarray(sample["coord"])  # (m, 3)
+    canonical = np.lexsort(coord.T[::-1])  # (m,) by x, then y, then z
+    return FixedPoints(n)(index_points(sample, canonical[np.random.default_rng(seed).permutation(len(canonical))]))
+
+
 def predict_modelnet_file(
     cfg: ModelNetConfig,
     state: dict[str, Any],
@@ -180,7 +193,8 @@ def predict_modelnet_file(
     *,
     options: PredictOptions | None = None,
 ) -> Path:
-    """Classify one shape file (.off/.ply mesh: surface-sampled; point files: first points).
+    """Classify one shape file (.off/.ply mesh: surface-sampled; point files: a seeded random
+    subset of ``num_points`` points, the same whatever order the file lists them in).
 
     The shape is brought to the unit sphere as in training. ``options.votes > 1``
     averages the probabilities of that many copies drawn through the vote transforms
@@ -188,16 +202,17 @@ def predict_modelnet_file(
     per-class probabilities) or ``.npy`` (probabilities (num_classes,) float32).
     """
     options, input_path, output_path = start_prediction(
-        "modelnet", options, input_path, output_path, CLASS_OUTPUTS, refuse=("overlap", "rotations", "flip"))
+        "modelnet", options, input_path, output_path, CLASS_OUTPUTS,
+        refuse=("overlap", "rotations", "flip", "category", "labels", "probabilities"))
     num_points = int(state_value(state, "num_points", "modelnet"))
     features = list(state_value(state, "features", "modelnet"))
     class_names = [str(n) for n in state_value(state, "class_names", "modelnet")]
-    data = read_point_file(input_path)
+    data = read_point_file(input_path, options.columns)
     if "faces" in data and len(data["faces"]):
         coord, normal = sample_mesh_surface(data["coord"], data["faces"], num_points, seed=0, return_normals=True)
         sample: Sample = {"coord": coord, "normal": normal}
     else:
-        sample = FixedPoints(num_points)({k: v for k, v in data.items() if k in ("coord", "normal")})
+        sample = shape_points({k: v for k, v in data.items() if k in ("coord", "normal")}, num_points)
     if "normal" in features and "normal" not in sample:
         raise DataError(f"{input_path}: the model uses normals but the file has none")
     sample = NormalizeScale()(sample)

@@ -131,7 +131,7 @@ def load_normal_resampled_layout(
         listing = root / f"{variant}_{split}.txt"
         ids = read_list_file(listing, f"{split} shape list")
         shapes = files_identity([root / i.rsplit("_", 1)[0] / f"{i}.txt" for i in ids])  # an edited shape is read again
-        key = cache_key("modelnet-txt-v1", file_identity(listing), str(root.resolve()), num_points, shapes)
+        key = cache_key("modelnet-txt-v1", file_identity(listing), str(root.resolve()), num_points, shapes, names)  # labels follow the names
 
         def build(ids: list[str] = ids, listing: Path = listing) -> dict[str, np.ndarray]:
             pts = np.empty((len(ids), num_points, 6), dtype=np.float32)  # (S, P, 6)
@@ -159,7 +159,7 @@ def load_off_layout(root: Path, num_points: int, seed: int, cache_dir: Path) -> 
         files = [(c, p) for c, name in enumerate(names) for p in sorted((root / name / split).glob("*.off"))]
         if not files:
             raise DataError(f"{root}: no {split} meshes (<class>/{split}/*.off)")
-        key = cache_key("modelnet-off-v1", [file_identity(p) for _, p in files], num_points, seed)
+        key = cache_key("modelnet-off-v1", [[c, *file_identity(p)] for c, p in files], names, num_points, seed)  # labels cached too
 
         def build(files: list[tuple[int, Path]] = files, split: str = split) -> dict[str, np.ndarray]:
             pts = np.empty((len(files), num_points, 3), dtype=np.float32)  # (S, P, 3)

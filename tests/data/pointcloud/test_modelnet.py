@@ -236,3 +236,54 @@ def test_predictor_votes_average_augmented_copies(tmp_path: Path, fakes, ctx: Bu
     with pytest.raises(SciformerError, match="--tta-rotations does not apply to 'modelnet' predictions"):
         predict_modelnet_file(cfg, state, by_extent, tmp_path / "cube.off", tmp_path / "x.json", batch_size=1,
                               options=PredictOptions(rotations=4))
+
+
+def test_a_point_file_is_classified_whatever_order_it_lists_its_points_in(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    """A scan sorted by height or in scan lines: the same points give the same subset (a seeded
+    random one, as training draws from its randomly ordered files), never the file's first points."""
+    import torch
+
+    from sciformer.contracts import PredictOptions
+    from sciformer.data.pointcloud.modelnet import predict_modelnet_file
+    from sciformer.errors import SciformerError
+
+    root = fakes.modelnet_h5(tmp_path / "mn", CLASSES)
+    cfg = ModelNetConfig(root=str(root), num_points=48)
+    state = build_modelnet(cfg, ctx).state()
+    rng = np.random.default_rng(4)
+    cloud = rng.normal(size=(5000, 3)) * [1.0, 0.5, 2.0]  # (5000, 3)
+    seen: list[np.ndarray] = []
+
+    def order_sensitive(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        coord = batch["coord"]  # (48, 3): logits from the first points, so only the same points in the same order agree
+        seen.append(coord.numpy().copy())
+        return torch.stack([coord[:5, 0].sum(), coord[:5, 1].sum(), coord[:5, 2].sum()])[None]  # (1, 3)
+
+    probs = []
+    for name, rows in (("shuffled", rng.permutation(5000)), ("by_height", np.argsort(cloud[:, 2])), ("as_is", np.arange(5000))):
+        np.save(tmp_path / f"{name}.npy", cloud[rows])
+        probs.append(np.load(predict_modelnet_file(cfg, state, order_sensitive, tmp_path / f"{name}.npy", tmp_path / f"{name}_p.npy", 1)))
+    np.testing.assert_array_equal(probs[0], probs[1])
+    np.testing.assert_array_equal(probs[0], probs[2])
+    spread = seen[1][:, 2]
+    assert spread.min() < -0.3 and spread.max() > 0.3  # drawn across the whole height, not its bottom slice
+    for option, value in (("category", "Chair"), ("labels", "gt.npy"), ("probabilities", True)):
+        with pytest.raises(SciformerError, match="does not apply to 'modelnet' predictions"):
+            predict_modelnet_file(cfg, state, order_sensitive, tmp_path / "as_is.npy", tmp_path / "x.npy", 1,
+                                  options=PredictOptions(**{option: value}))
+
+
+def test_cached_labels_follow_the_class_list(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    """A class folder added (with training meshes only) shifts every class index after it: the
+    cached test labels must follow, not keep the indices of the earlier class list."""
+    root = fakes.modelnet_off(tmp_path / "off", CLASSES, per_class=(2, 1))
+    cfg = ModelNetConfig(root=str(root), num_points=32, val_fraction=0.0)
+    task = build_modelnet(cfg, ctx)
+    before = [task.info.class_names[int(task.dataset("test")[i]["label"])] for i in range(3)]
+    (root / "aaa" / "train").mkdir(parents=True)
+    for src in sorted((root / CLASSES[0] / "train").glob("*.off")):
+        (root / "aaa" / "train" / src.name).write_bytes(src.read_bytes())
+    again = build_modelnet(cfg, ctx)
+    assert again.info.class_names == ["aaa", *CLASSES]
+    after = [again.info.class_names[int(again.dataset("test")[i]["label"])] for i in range(3)]
+    assert after == before
