@@ -159,6 +159,7 @@ def _guess_columns(path: Path | str, table: np.ndarray) -> list[str]:
         return names + (["label"] if np.all(scalar == np.round(scalar)) else ["intensity"])
     if ncols in (6, 7):
         extra = table[:, 3:6]  # (n, 3)
+        extra = extra[np.isfinite(table).all(axis=1)]  # a NaN row (kept for prediction) does not decide the columns
         norms = np.linalg.norm(extra, axis=1)
         is_normal = bool(np.all(np.abs(norms - 1.0) < 1e-2) or np.all(np.abs(extra) <= 1.0) and np.any(extra < 0))
         names += ["nx", "ny", "nz"] if is_normal else ["red", "green", "blue"]

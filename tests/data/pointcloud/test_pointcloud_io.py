@@ -55,6 +55,17 @@ def test_leica_pts_and_a_csv_with_a_byte_order_mark(tmp_path: Path) -> None:
     np.testing.assert_array_equal(read_point_file(tmp_path / "bare.xyz")["coord"], [[1, 2, 3], [4, 5, 6]])
 
 
+def test_a_nan_row_does_not_turn_normals_into_colours(tmp_path: Path, cloud: dict[str, np.ndarray]) -> None:
+    """x y z nx ny nz label with one NaN normal: the columns are still normals (the NaN row is kept
+    when predicting and becomes an invalid point there), not red green blue."""
+    table = np.hstack([cloud["coord"], cloud["normal"], cloud["label"][:, None]])
+    table[3, 5] = np.nan
+    np.savetxt(tmp_path / "shape.txt", table, fmt="%.6f")
+    data = read_point_file(tmp_path / "shape.txt", keep_invalid=True)
+    assert "normal" in data and "colour" not in data
+    np.testing.assert_allclose(np.delete(data["normal"], 3, axis=0), np.delete(cloud["normal"], 3, axis=0), atol=1e-6)
+
+
 def test_text_malformed_and_empty(tmp_path: Path, one_line_error) -> None:
     path = tmp_path / "bad.txt"
     path.write_text("1 2 3 4 5 6\n1 2 3 4 5 6\n1 2 3 4\x105 6\n1 2 3 4 5 6\n")
