@@ -73,6 +73,13 @@ def check_point_count(path: Path, header: object) -> None:
         what, ratio = ("LAZ", f" at up to {MAX_LAZ_RATIO}:1 compression") if compressed else ("LAS", "")
         raise fail(path, f"{what} header declares {count} points of {record} bytes, more than the "
                          f"{size}-byte file can hold{ratio}; the file is damaged or truncated")
+    if not compressed:  # records beyond the declared count would be dropped without a word
+        evlrs = int(getattr(header, "number_of_evlrs", 0) or 0)
+        end = int(getattr(header, "start_of_first_evlr", 0) or 0) if evlrs else size
+        held = max(0, min(end, size) - int(header.offset_to_point_data)) // record  # type: ignore[attr-defined]
+        if held > count:
+            raise fail(path, f"LAS header declares {count} points, but the file holds {held} point records of {record} "
+                             "bytes; the header's point count is damaged (rewrite it, e.g. with laspy or lasinfo -repair)")
     if compressed:
         chunk = laz_chunk_size(header)
         if chunk is not None and chunk != _VARIABLE_CHUNKS and chunk > MAX_LAZ_CHUNK:

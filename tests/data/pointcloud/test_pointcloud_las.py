@@ -125,3 +125,27 @@ def test_records_the_file_holds_are_read_and_counts_beyond_it_refused(tmp_path: 
     with pytest.raises(DataError) as e:  # int32 records times this scale pass float64's range
         read_point_file(_edit(path, 131, struct.pack("<d", 1e300)))
     one_line_error(e, "overflow float64")
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.4"])
+def test_a_count_below_the_records_the_file_holds_is_refused(tmp_path: Path, version: str, one_line_error) -> None:
+    """A header declaring 3 of its 5 records would drop the last 2 from training and predictions
+    without a word (laspy reads what the header says); with EVLRs after the points, those are not records."""
+    import laspy
+    from laspy.vlrs.vlrlist import VLRList
+
+    header = laspy.LasHeader(point_format=6 if version == "1.4" else 1, version=version)
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = np.arange(5.0), np.arange(5.0) * 2, np.arange(5.0) * 3
+    if version == "1.4":
+        las.evlrs = VLRList([laspy.VLR(user_id="sciformer", record_id=2, record_data=b"e" * 1000)])
+    path = tmp_path / "tile.las"
+    las.write(path)
+    assert len(read_point_file(path)["coord"]) == 5  # EVLR bytes after the points are not counted as records
+    edits = [(107, 3, 4), (247, 3, 8)] if version == "1.4" else [(107, 3, 4)]  # legacy count; 1.4's 64-bit count
+    damaged = path
+    for at, value, width in edits:
+        damaged = _edit(damaged, at, value.to_bytes(width, "little"))
+    with pytest.raises(DataError) as e:
+        read_point_file(damaged)
+    one_line_error(e, "declares 3 points, but the file holds 5 point records")
