@@ -56,6 +56,7 @@ from sciformer.data.pointcloud.cache import (
     load_arrays,
     save_arrays_atomic,
 )
+from sciformer.data.pointcloud.chunking import detached_points
 from sciformer.data.pointcloud.export import (
     POINT_OUTPUTS,
     asprs_codes_from_table,
@@ -170,7 +171,7 @@ class LasTiles(SceneSource):
         self.table = table
         self.intensity_scale = intensity_scale
         self.cache_dir = cache_dir
-        self._keys = [cache_key("las-v1", file_identity(p)) for p in paths]
+        self._keys = [cache_key("las-v2", file_identity(p)) for p in paths]  # v2: p99 without gross outliers
         self._p99: dict[int, float] = {}
 
     def __len__(self) -> int:
@@ -194,7 +195,7 @@ class LasTiles(SceneSource):
             }
             if "colour" in data:
                 arrays["colour"] = data["colour"]
-            p99 = float(np.percentile(arrays["intensity"], 99))
+            p99 = intensity_p99(arrays["coord"], arrays["intensity"])
             meta = {"file": str(self.paths[index]), "points": len(data["coord"]), "intensity_p99": p99}
             save_arrays_atomic(folder, arrays, meta)
         if index not in self._p99:
@@ -250,6 +251,21 @@ class LasCropDataset(SceneCrops):
         return self.shift(sample)  # float64 recentring; float32 at feature assembly
 
 
+def intensity_p99(coord: np.ndarray, intensity: np.ndarray) -> float:
+    """The 99th percentile of a tile's finite intensities (its intensity scale), the points with
+    non-finite coordinates and the gross outliers (:func:`detached_points`, e.g. no-data returns
+    at z = -9999 with intensity 65535) set aside: they move no other point's features; 1.0 when none is left.
+
+    Shapes: coord (n, 3), intensity (n,) -> scalar.
+    """
+    keep = np.isfinite(np.asarray(intensity, dtype=np.float64))  # (n,)
+    placed = np.flatnonzero(np.isfinite(coord).all(axis=1))  # (m,)
+    keep[np.setdiff1d(np.arange(len(keep)), placed)] = False
+    for rows in detached_points(np.asarray(coord)[placed]):
+        keep[placed[rows]] = False
+    return float(np.percentile(intensity[keep], 99)) if keep.any() else 1.0
+
+
 def predict_las_file(
     cfg: LasTilesConfig,
     state: dict[str, Any],
@@ -283,9 +299,8 @@ def predict_las_file(
         arrays["code"] = data["label"]
     if "geometric" in features:
         arrays["geometric"] = features_as_recorded(data["coord"], state_value(state, "geometric", "las_tiles"))
-    finite = arrays.get("intensity", np.ones(1))
-    finite = finite[np.isfinite(finite)] if np.isfinite(finite).any() else np.ones(1)
-    scale = state.get("intensity_scale") or max(float(np.percentile(finite, 99)), 1.0)
+    intensity = arrays.get("intensity")
+    scale = state.get("intensity_scale") or max(1.0 if intensity is None else intensity_p99(data["coord"], intensity), 1.0)
     sample = tile_sample(arrays, code_table(classes, state_value(state, "unmapped", "las_tiles")), scale)
     prediction = predict_cloud(
         predict, sample, class_names=list(classes),

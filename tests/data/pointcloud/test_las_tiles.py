@@ -223,3 +223,19 @@ def test_predict_options_are_validated() -> None:
         PredictOptions(overlap=-0.1)
     with pytest.raises(SciformerError, match="--tta-rotations must be between 1 and 100"):
         PredictOptions(rotations=0)
+
+
+def test_the_intensity_scale_sets_gross_outliers_aside() -> None:
+    """No-data returns (z = -9999, intensity 65535) and NaN coordinates move no other point's
+    scaled intensity: the scale is the 99th percentile of the other points (numpy's, as oracle)."""
+    from sciformer.data.pointcloud.lidar import intensity_p99
+
+    rng = np.random.default_rng(3)
+    coord = rng.uniform(0, 50, size=(3000, 3))  # (3000, 3)
+    intensity = rng.uniform(0, 40000, size=3000)  # (3000,)
+    clean = float(np.percentile(intensity, 99))
+    assert intensity_p99(coord, intensity) == clean
+    dirty_coord = np.vstack([coord, [[10.0, 10.0, -9999.0]] * 3, [[np.nan, 1.0, 1.0]]])  # (3004, 3)
+    dirty_intensity = np.concatenate([intensity, [65535.0] * 4])
+    assert intensity_p99(dirty_coord, dirty_intensity) == clean
+    assert intensity_p99(coord[:0], intensity[:0]) == 1.0
