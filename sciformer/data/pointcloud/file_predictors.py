@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from sciformer.contracts import PredictFn, PredictOptions
+from sciformer.data.pointcloud.chunking import check_finite_scores, detached_points
 from sciformer.data.pointcloud.export import (
     POINT_OUTPUTS,
     PointPrediction,
@@ -132,22 +133,36 @@ def predict_shapenetpart_file(
     valid = valid_points(sample, features)
     num_classes = sum(len(v) for v in parts.values())
     probs = np.zeros((len(valid), num_classes), dtype=np.float32)  # (n, 50)
-    if valid.any():
-        item = index_points(sample, np.flatnonzero(valid))
-        item = build_transforms(cfg.eval_transforms, "data.eval_transforms")(item, np.random.default_rng([0, 0]))
+    rows = np.flatnonzero(valid)  # (m,)
+    transform = build_transforms(cfg.eval_transforms, "data.eval_transforms")
+    own = np.asarray(parts[names[cat]])
+    for cloud in _shape_and_outliers(sample["coord"][rows]):  # gross outliers apart: they move no other point
+        item = transform(index_points(sample, rows[cloud]), np.random.default_rng([0, 0]))
         batch = collate_points([{**assemble_features(item, features, str(input_path)), "category": np.int64(cat)}])
         with torch.no_grad():
-            logits = predict(batch).detach().float().cpu()  # (m, 50)
-        own = np.asarray(parts[names[cat]])
+            logits = predict(batch).detach().float().cpu()  # (k, 50)
         restricted = torch.full_like(logits, float("-inf"))
         restricted[:, own] = logits[:, own]
-        probs[valid] = torch.softmax(restricted, dim=1).numpy()
+        scores = torch.softmax(restricted, dim=1).numpy()  # (k, 50)
+        check_finite_scores(scores, rows[cloud], None)
+        probs[rows[cloud]] = scores
     class_names = [f"{c.lower()}_{i}" for c, ps in parts.items() for i in range(len(ps))]
     prediction = PointPrediction(probs, valid, class_names)
     out: Sample = {"coord": sample["coord"]}
     if "label" in data:
         out["label"] = data["label"]
     return write_point_predictions(output_path, out, prediction, source=input_path, probabilities=options.probabilities)
+
+
+def _shape_and_outliers(coord: np.ndarray) -> list[np.ndarray]:
+    """Row sets predicted as clouds of their own: the shape, then each group of gross outliers
+    (:func:`~sciformer.data.pointcloud.chunking.detached_points`, e.g. a no-data point at 1e6).
+
+    Shapes: coord (m, 3) -> index arrays covering 0..m-1 once (empty when m = 0).
+    """
+    groups = detached_points(coord) if len(coord) else []
+    rest = np.setdiff1d(np.arange(len(coord)), np.concatenate(groups)) if groups else np.arange(len(coord))
+    return [part for part in (rest, *groups) if len(part)]
 
 
 PART_OUTPUTS = (".npy", ".npz", ".ply")

@@ -113,3 +113,41 @@ def test_file_predictor_restricts_to_the_category(root: Path, ctx: BuildContext,
     one_line_error(err, "cannot tell the shape's category", "--category")
     pred = predict_shapenetpart_file(cfg, state, oracle, elsewhere, tmp_path / "x.npy", 1, options=PredictOptions(category="bag"))
     np.testing.assert_array_equal(np.load(pred), ply["pred"])
+
+
+def test_file_predictor_keeps_a_gross_outlier_apart(root: Path, ctx: BuildContext, tmp_path: Path, one_line_error) -> None:
+    """One no-data point (x = 1e6) put in a shape: every other point gets exactly the scores it
+    gets without it (the oracle's scores depend on the whole cloud's centre, as a model's do);
+    scores that are not finite are one line, not a map of NaN."""
+    from sciformer.data.pointcloud.io import read_point_file
+    from sciformer.data.pointcloud.shapenetpart import predict_shapenetpart_file
+
+    cfg = ShapeNetPartConfig(root=str(root))
+    state = build_shapenetpart(cfg, ctx).state()
+    rng = np.random.default_rng(6)
+    xyz = rng.normal(size=(2000, 3)) * 0.3  # (2000, 3)
+    normals = xyz / np.linalg.norm(xyz, axis=1, keepdims=True)
+    table = np.hstack([xyz, normals])
+    bag = tmp_path / "02773838"  # the Bag's synset folder names the category
+    bag.mkdir()
+    np.savetxt(bag / "clean.txt", table, fmt="%.6f")
+    np.savetxt(bag / "dirty.txt", np.insert(table, 77, [1e6, 0, 0, 1, 0, 0], axis=0), fmt="%.6f")
+
+    def centred(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = batch["coord"][:, 0] - batch["coord"][:, 0].mean()  # (m,)
+        logits = torch.zeros(len(x), 50)
+        logits[:, 4], logits[:, 5] = x, -x
+        return logits
+
+    clean = read_point_file(predict_shapenetpart_file(cfg, state, centred, bag / "clean.txt", tmp_path / "c.ply", 1))
+    dirty = read_point_file(predict_shapenetpart_file(cfg, state, centred, bag / "dirty.txt", tmp_path / "d.ply", 1))
+    others = np.arange(2001) != 77
+    np.testing.assert_array_equal(dirty["pred"][others], clean["pred"])
+    assert dirty["valid"].all() and dirty["pred"][77] in (4, 5)
+
+    def diverged(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.full((len(batch["coord"]), 50), float("nan"))
+
+    with pytest.raises(DataError) as err:
+        predict_shapenetpart_file(cfg, state, diverged, bag / "clean.txt", tmp_path / "n.npz", 1)
+    one_line_error(err, "non-finite scores")
