@@ -96,3 +96,16 @@ def test_builtins_interrupted_while_loading_load_on_the_next_call(monkeypatch: p
         registry.load_builtins()
     registry.load_builtins()
     assert len(calls) == 1 + len(registry._BUILTIN_MODULES) and registry._loaded
+
+
+def test_part_category_messages_name_the_keyword_from_python(tmp_path: Path) -> None:
+    from sciformer.data.pointcloud.file_predictors import shape_category
+    from sciformer.errors import DataError
+    from sciformer.frontend import python_api
+
+    with python_api(), pytest.raises(DataError, match=r"^category='nope': unknown"):
+        shape_category(tmp_path / "s.txt", "nope", ["Bag", "Chair"])
+    with python_api(), pytest.raises(DataError, match=r"pass category= \(one of Bag, Chair\)"):
+        shape_category(tmp_path / "s.txt", None, ["Bag", "Chair"])
+    with pytest.raises(DataError, match=r"^--category 'nope': unknown"):
+        shape_category(tmp_path / "s.txt", "nope", ["Bag", "Chair"])

@@ -31,6 +31,7 @@ from sciformer.data.pointcloud.sample import assemble_features, collate_points
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import Sample, build_transforms, index_points
 from sciformer.errors import DataError
+from sciformer.frontend import option
 
 
 def predict_s3dis_file(
@@ -92,11 +93,11 @@ def shape_category(input_path: Path, category: str | None, names: Sequence[str])
     if category is not None:
         match = [i for i, n in enumerate(names) if n.lower() == category.lower()]
         if not match:
-            raise DataError(f"--category '{category}': unknown; expected one of {', '.join(names)}")
+            raise DataError(f"{option('--category', category, quoted=True)}: unknown; expected one of {', '.join(names)}")
         return match[0]
     name = CATEGORY_SYNSETS.get(input_path.parent.name)
     if name is None or name not in names:
-        raise DataError(f"{input_path}: cannot tell the shape's category from its folder; pass --category "
+        raise DataError(f"{input_path}: cannot tell the shape's category from its folder; pass {option('--category')} "
                         f"(one of {', '.join(names)})")
     return list(names).index(name)
 

@@ -23,6 +23,7 @@ from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.sample import assemble_features
 from sciformer.data.transforms import CenterShift, Compose, Sample, index_points
 from sciformer.errors import DataError
+from sciformer.frontend import option
 from sciformer.utils.progress import progress
 
 # What a feature needs in the file, and what to say when it is missing.
@@ -44,7 +45,7 @@ def require_features(path: Path, data: dict[str, Any], features: Sequence[str], 
                                 f"drop '{name}' from data.features or give every file one")
             guessed = path.suffix.lower() in HEADERLESS_SUFFIXES  # columns guessed from the width: name them
             hint = (f"; a headerless table's columns are guessed from its width (4: x, y, z and a label when the 4th holds "
-                    f"integers, else intensity): name them, e.g. --columns x,y,z,{name}" if guessed else "")
+                    f"integers, else intensity): name them, e.g. {option('--columns', 'x,y,z,' + name)}" if guessed else "")
             raise DataError(f"{path}: the model was trained with feature '{name}' but the file has no "
                             f"{_FEATURE_FIELDS[name]}; use a file with it, or a model trained without it "
                             f"(data.features without '{name}'){hint}")
