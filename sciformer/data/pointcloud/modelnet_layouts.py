@@ -21,6 +21,7 @@ from sciformer.data.pointcloud.io import (
     read_off,
     sample_mesh_surface,
 )
+from sciformer.data.pointcloud.split_files import check_disjoint_splits
 from sciformer.errors import DataError
 from sciformer.utils.limits import check_hdf5_dataset
 from sciformer.utils.progress import progress
@@ -154,9 +155,13 @@ def load_off_layout(root: Path, num_points: int, seed: int, cache_dir: Path) -> 
     names = sorted(d.name for d in root.iterdir() if d.is_dir() and ((d / "train").is_dir() or (d / "test").is_dir()))
     if not names:
         raise DataError(f"{root}: no class folders with train/ or test/ inside")
+    listed = {split: [(c, p) for c, name in enumerate(names) for p in sorted((root / name / split).glob("*.off"))]
+              for split in ("train", "test")}
+    check_disjoint_splits({split: [p for _, p in files] for split, files in listed.items()}, "meshes",
+                          listed="<class>/{}/", copies=False)  # a test mesh that is a link to a training one
     splits: dict[str, dict[str, Any]] = {}
     for split in ("train", "test"):
-        files = [(c, p) for c, name in enumerate(names) for p in sorted((root / name / split).glob("*.off"))]
+        files = listed[split]
         if not files:
             raise DataError(f"{root}: no {split} meshes (<class>/{split}/*.off)")
         key = cache_key("modelnet-off-v1", [[c, *file_identity(p)] for c, p in files], names, num_points, seed)  # labels cached too

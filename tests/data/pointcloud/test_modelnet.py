@@ -287,3 +287,12 @@ def test_cached_labels_follow_the_class_list(tmp_path: Path, fakes, ctx: BuildCo
     assert again.info.class_names == ["aaa", *CLASSES]
     after = [again.info.class_names[int(again.dataset("test")[i]["label"])] for i in range(3)]
     assert after == before
+
+
+def test_a_test_mesh_linked_to_a_training_mesh_is_refused(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_off(tmp_path / "off", CLASSES, per_class=(2, 1))
+    test_mesh = sorted((root / CLASSES[0] / "test").glob("*.off"))[0]
+    test_mesh.unlink()
+    test_mesh.symlink_to(sorted((root / CLASSES[0] / "train").glob("*.off"))[0])
+    with pytest.raises(DataError, match=r"<class>/test/: .* is also in <class>/train/"):
+        build_modelnet(ModelNetConfig(root=str(root), num_points=32, val_fraction=0.0), ctx)

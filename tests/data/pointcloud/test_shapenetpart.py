@@ -151,3 +151,17 @@ def test_file_predictor_keeps_a_gross_outlier_apart(root: Path, ctx: BuildContex
     with pytest.raises(DataError) as err:
         predict_shapenetpart_file(cfg, state, diverged, bag / "clean.txt", tmp_path / "n.npz", 1)
     one_line_error(err, "non-finite scores")
+
+
+def test_a_training_shape_listed_for_test_is_refused(root: Path, ctx: BuildContext, one_line_error) -> None:
+    """The same shape in the train and test lists (by name, or as a link to it) would be scored on
+    data the model learned: refused in one line naming both lists."""
+    import json
+
+    lists = root / "train_test_split"
+    train = json.loads((lists / "shuffled_train_file_list.json").read_text())
+    test = json.loads((lists / "shuffled_test_file_list.json").read_text())
+    (lists / "shuffled_test_file_list.json").write_text(json.dumps([*test, train[0]]))
+    with pytest.raises(DataError) as err:
+        build_shapenetpart(ShapeNetPartConfig(root=str(root)), ctx)
+    one_line_error(err, "shuffled_test_file_list.json", "is also in train_test_split/shuffled_train_file_list.json")
