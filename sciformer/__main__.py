@@ -14,8 +14,15 @@ def _interrupt(signum: int, frame: object) -> None:
     cross a C++ extension's initialisation, which aborts the process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.write(2, b"sciformer: interrupted\n")
+    if _reports():
+        os.write(2, b"sciformer: interrupted\n")
     os._exit(130)
+
+
+def _reports() -> bool:
+    """Whether this process prints the line: under torchrun only rank 0 does (as utils.ranks.is_main_process,
+    not imported here: a signal may land before any of sciformer is)."""
+    return os.environ.get("RANK", "0") in ("", "0")
 
 
 signal.signal(signal.SIGTERM, _interrupt)
@@ -27,6 +34,7 @@ try:
 except KeyboardInterrupt:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print("sciformer: interrupted", file=sys.stderr, flush=True)
+    if _reports():
+        print("sciformer: interrupted", file=sys.stderr, flush=True)
     os._exit(130)  # not sys.exit: CPython may end by SIGINT after an interrupted import (see cli._interrupted_exit)
 sys.exit(code)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,21 @@ def test_a_signal_while_the_lock_is_taken_leaves_no_run_folder(tmp_path: Path, m
     finally:
         signal.signal(signal.SIGINT, previous)
     assert not (tmp_path / "top").exists()
+
+
+def test_an_early_signal_is_reported_by_rank_zero_only() -> None:
+    """Under torchrun every rank gets Ctrl-C; the 'interrupted' line of python -m sciformer (before
+    any of sciformer's modules are imported) is printed by rank 0 alone, as every later line is.
+    Signals are sent ever later until one lands in that window (exit 130)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": "1", "WORLD_SIZE": "2"}
+    caught = []
+    for step in range(40):
+        proc = subprocess.Popen([sys.executable, "-m", "sciformer", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        time.sleep(0.01 * step)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert b"interrupted" not in err and b"Traceback" not in err, err
+        caught.append(proc.returncode)
+        if proc.returncode == 130:
+            break
+    assert 130 in caught, caught  # a signal landed while python -m sciformer's own handler held
