@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,12 +75,17 @@ def check_point_count(path: Path, header: object) -> None:
         raise fail(path, f"{what} header declares {count} points of {record} bytes, more than the "
                          f"{size}-byte file can hold{ratio}; the file is damaged or truncated")
     if not compressed:  # records beyond the declared count would be dropped without a word
-        evlrs = int(getattr(header, "number_of_evlrs", 0) or 0)
-        end = int(getattr(header, "start_of_first_evlr", 0) or 0) if evlrs else size
-        held = max(0, min(end, size) - int(header.offset_to_point_data)) // record  # type: ignore[attr-defined]
-        if held > count:
-            raise fail(path, f"LAS header declares {count} points, but the file holds {held} point records of {record} "
-                             "bytes; the header's point count is damaged (rewrite it, e.g. with laspy or lasinfo -repair)")
+        ends = [size]
+        if int(getattr(header, "number_of_evlrs", 0) or 0):
+            ends.append(int(getattr(header, "start_of_first_evlr", 0) or size))  # 1.4: EVLRs follow the points
+        waveform = int(getattr(header, "start_of_waveform_data_packet_record", 0) or 0)
+        if waveform > int(header.offset_to_point_data):  # type: ignore[attr-defined]  # 1.3+: internal waveform packets
+            ends.append(waveform)
+        held = max(0, min(ends) - int(header.offset_to_point_data)) // record  # type: ignore[attr-defined]
+        if held > count:  # a damaged count, or bytes another writer appended: say so, read what the header declares
+            warnings.warn(f"{path}: the LAS header declares {count} points but {held - count} more point records' worth "
+                          f"of bytes follow them; only {count} are read (if the count is damaged, rewrite it, e.g. with "
+                          "laspy or lasinfo -repair)", stacklevel=2)
     if compressed:
         chunk = laz_chunk_size(header)
         if chunk is not None and chunk != _VARIABLE_CHUNKS and chunk > MAX_LAZ_CHUNK:

@@ -128,9 +128,10 @@ def test_records_the_file_holds_are_read_and_counts_beyond_it_refused(tmp_path: 
 
 
 @pytest.mark.parametrize("version", ["1.2", "1.4"])
-def test_a_count_below_the_records_the_file_holds_is_refused(tmp_path: Path, version: str, one_line_error) -> None:
+def test_a_count_below_the_records_the_file_holds_is_said(tmp_path: Path, version: str) -> None:
     """A header declaring 3 of its 5 records would drop the last 2 from training and predictions
-    without a word (laspy reads what the header says); with EVLRs after the points, those are not records."""
+    without a word (laspy reads what the header says): a one-line warning says so (bytes another
+    writer appended look the same, so the file is still read); EVLRs after the points are not records."""
     import laspy
     from laspy.vlrs.vlrlist import VLRList
 
@@ -146,6 +147,29 @@ def test_a_count_below_the_records_the_file_holds_is_refused(tmp_path: Path, ver
     damaged = path
     for at, value, width in edits:
         damaged = _edit(damaged, at, value.to_bytes(width, "little"))
-    with pytest.raises(DataError) as e:
-        read_point_file(damaged)
-    one_line_error(e, "declares 3 points, but the file holds 5 point records")
+    with pytest.warns(UserWarning, match="declares 3 points but 2 more point records' worth of bytes follow them; only 3 are read"):
+        assert len(read_point_file(damaged)["coord"]) == 3
+
+
+def test_internal_waveform_packets_after_the_points_are_not_records(tmp_path: Path) -> None:
+    """LAS 1.3 with 'waveform data packets internal': the packets follow the points (from the
+    header's start_of_waveform_data_packet_record) and are read as neither points nor a damaged count."""
+    import warnings
+
+    import laspy
+
+    header = laspy.LasHeader(point_format=4, version="1.3")
+    las = laspy.LasData(header)
+    las.x, las.y, las.z = np.arange(100.0), np.arange(100.0), np.arange(100.0)
+    path = tmp_path / "wave.las"
+    las.write(path)
+    raw = bytearray(path.read_bytes())
+    start = len(raw)
+    raw += struct.pack("<H16sHQ32s", 0, b"LASF_Spec", 65535, 5000, b"waveform data packets") + b"\x00" * 5000
+    struct.pack_into("<H", raw, 6, struct.unpack_from("<H", raw, 6)[0] | 2)  # global encoding: packets internal
+    struct.pack_into("<Q", raw, 227, start)  # start of waveform data packet record
+    path.write_bytes(bytes(raw))
+    assert laspy.read(path).header.point_count == 100  # the oracle reads the file as valid
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(read_point_file(path)["coord"]) == 100
