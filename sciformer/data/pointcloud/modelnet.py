@@ -178,8 +178,9 @@ def shape_points(sample: Sample, n: int, seed: int = 0) -> Sample:
 
     Shapes: per-point arrays (m, ...) -> (n, ...).
     """
-    coord = np.asarray(sample["coord"])  # (m, 3)
-    canonical = np.lexsort(coord.T[::-1])  # (m,) by x, then y, then z
+    columns = np.hstack([np.asarray(sample[k], dtype=np.float64).reshape(len(sample["coord"]), -1)
+                         for k in ("coord", "normal") if k in sample])  # (m, 3 or 6)
+    canonical = np.lexsort(columns.T[::-1])  # (m,) by x, y, z, then the normal (a point repeated with other normals)
     return FixedPoints(n)(index_points(sample, canonical[np.random.default_rng(seed).permutation(len(canonical))]))
 
 

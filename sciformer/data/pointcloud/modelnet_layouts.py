@@ -127,11 +127,15 @@ def load_normal_resampled_layout(
     """Read the ``modelnet40_normal_resampled`` layout (converted once into the cache)."""
     names = read_list_file(root / f"{variant}_shape_names.txt", f"class file ({variant}_shape_names.txt)")
     index = {n: i for i, n in enumerate(names)}
+    listed = {split: read_list_file(root / f"{variant}_{split}.txt", f"{split} shape list") for split in ("train", "test")}
+    paths = {split: [root / i.rsplit("_", 1)[0] / f"{i}.txt" for i in ids] for split, ids in listed.items()}
+    check_disjoint_splits({s: [p for p in ps if p.is_file()] for s, ps in paths.items()}, "shapes",  # missing: named when read
+                          listed=f"{variant}_{{}}.txt", copies=False)  # an id in both lists, a link to a training shape
     splits: dict[str, dict[str, Any]] = {}
     for split in ("train", "test"):
         listing = root / f"{variant}_{split}.txt"
-        ids = read_list_file(listing, f"{split} shape list")
-        shapes = files_identity([root / i.rsplit("_", 1)[0] / f"{i}.txt" for i in ids])  # an edited shape is read again
+        ids = listed[split]
+        shapes = files_identity(paths[split])  # an edited shape is read again
         key = cache_key("modelnet-txt-v1", file_identity(listing), str(root.resolve()), num_points, shapes, names)  # labels follow the names
 
         def build(ids: list[str] = ids, listing: Path = listing) -> dict[str, np.ndarray]:

@@ -296,3 +296,27 @@ def test_a_test_mesh_linked_to_a_training_mesh_is_refused(tmp_path: Path, fakes,
     test_mesh.symlink_to(sorted((root / CLASSES[0] / "train").glob("*.off"))[0])
     with pytest.raises(DataError, match=r"<class>/test/: .* is also in <class>/train/"):
         build_modelnet(ModelNetConfig(root=str(root), num_points=32, val_fraction=0.0), ctx)
+
+
+def test_a_shape_in_both_normal_resampled_lists_is_refused(tmp_path: Path, fakes, ctx: BuildContext) -> None:
+    root = fakes.modelnet_txt(tmp_path / "mn40", CLASSES, per_class=(2, 1), points=10)
+    train = (root / "modelnet40_train.txt").read_text().split()
+    test = root / "modelnet40_test.txt"
+    test.write_text(test.read_text().rstrip("\n") + f"\n{train[0]}\n")
+    with pytest.raises(DataError, match=rf"modelnet40_test\.txt: {train[0]}\.txt is also in modelnet40_train\.txt"):
+        build_modelnet(ModelNetConfig(root=str(root), num_points=8), ctx)
+
+
+def test_shape_points_are_the_same_for_any_order_even_with_repeated_coordinates() -> None:
+    """A point repeated with other normals (a mesh vertex shared by faces): the subset, normals
+    included, does not depend on which of the copies the file lists first."""
+    from sciformer.data.pointcloud.modelnet import shape_points
+
+    rng = np.random.default_rng(9)
+    coord = np.repeat(rng.normal(size=(100, 3)), 3, axis=0)  # (300, 3) every point three times
+    normal = rng.normal(size=(300, 3))
+    first = shape_points({"coord": coord, "normal": normal}, 64)
+    for rows in (rng.permutation(300), np.arange(300)[::-1]):
+        other = shape_points({"coord": coord[rows], "normal": normal[rows]}, 64)
+        np.testing.assert_array_equal(other["coord"], first["coord"])
+        np.testing.assert_array_equal(other["normal"], first["normal"])
