@@ -145,8 +145,9 @@ def _(d: Path, t: Trained) -> list[str]:
     lines[4] = "nan,0.1,0.2,0,0,1"
     (root / "chair" / "chair_0001.txt").write_text("\n".join(lines) + "\n")
     (root / "chair" / "chair_0002.txt").write_text(text + "\n")
+    (root / "chair" / "chair_0003.txt").write_text(text + "\n")  # the test shape (splits may not share one)
     (root / "modelnet40_train.txt").write_text("chair_0001\nchair_0002\n")
-    (root / "modelnet40_test.txt").write_text("chair_0002\n")
+    (root / "modelnet40_test.txt").write_text("chair_0003\n")
     return train_argv(d, modelnet_experiment(d, root, val_fraction=0.0))
 
 
