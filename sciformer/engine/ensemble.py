@@ -82,6 +82,17 @@ def _resolved_data(state: dict[str, Any]) -> dict[str, Any]:
 _RECORDED_LATER = ("trained_classes",)  # data_state records that older checkpoints of the same data lack
 
 
+def _with_later_records(data_state: dict[str, Any], states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The first member's data state with the :data:`_RECORDED_LATER` records another member holds
+    (members share the data: the ensemble masks the classes no member trained, whatever their order)."""
+    out = dict(data_state)
+    for key in _RECORDED_LATER:
+        found = next((s["data_state"][key] for s in states if key in (s.get("data_state") or {})), None)
+        if key not in out and found is not None:
+            out[key] = found
+    return out
+
+
 def check_members(paths: Sequence[Path], states: Sequence[dict[str, Any]]) -> None:
     """One-line CheckpointError unless every member shares the first one's data."""
     first, where = states[0], checkpoint_file(paths[0], "best.pt")
@@ -131,5 +142,6 @@ def load_models(paths: Sequence[str | Path], overrides: list[str], device_name: 
         return loaded[0]
     check_members(paths, [state for _, state, _, _ in loaded])
     exp, state, _, device = loaded[0]
+    state = {**state, "data_state": _with_later_records(state.get("data_state") or {}, [s for _, s, _, _ in loaded])}
     members = Ensemble([model for _, _, model, _ in loaded], [st.get("epoch") for _, st, _, _ in loaded], [str(p) for p in paths])
     return exp, state, members.to(device).eval(), device

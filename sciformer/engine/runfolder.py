@@ -321,7 +321,7 @@ def check_resume_config(stored: dict[str, Any], asked: dict[str, Any], where: st
             old = a.get(keys[0]) if keys else a
             new = b.get(keys[0]) if keys else b
             raise CheckpointError(f"{option('--resume')} cannot change {key} (checkpoint '{where}' has {str(old)[:60]!r}, asked {str(new)[:60]!r}); "
-                                  "start a new run with --config instead")
+                                  f"start a new run with {option('--config')} instead")
     a_opt, b_opt = stored.get("optimizer", {}).get("name"), asked.get("optimizer", {}).get("name")
     if a_opt != b_opt:
         raise CheckpointError(f"{option('--resume')} cannot change optimizer.name (checkpoint '{where}' has {a_opt!r}, asked {b_opt!r}); start a new run instead")

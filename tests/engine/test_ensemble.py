@@ -152,3 +152,14 @@ def test_a_member_saved_before_a_later_record_joins_one_saved_after(tmp_path: Pa
         check_members(paths[1:], [new, other])
     with pytest.raises(CheckpointError, match="data_state.in_bands"):
         check_members(paths[:2], [old, {**new, "data_state": {"in_bands": 6, "trained_classes": [0, 1, 2]}}])
+
+
+def test_the_ensemble_takes_a_later_record_from_any_member() -> None:
+    """Members [old, new] and [new, old] mask the same classes (those the data had no pixel of)."""
+    from sciformer.engine.ensemble import _with_later_records
+
+    old = {"data_state": {"in_bands": 5}}
+    new = {"data_state": {"in_bands": 5, "trained_classes": [0, 2]}}
+    assert _with_later_records(old["data_state"], [old, new]) == new["data_state"]
+    assert _with_later_records(new["data_state"], [new, old]) == new["data_state"]
+    assert _with_later_records(old["data_state"], [old, old]) == old["data_state"]

@@ -171,12 +171,19 @@ def expand_files(key: str, patterns: list[str], root: Path) -> list[Path]:
     return out
 
 
+def label_file_of(path: Path, label_files: tuple[str, str] | list[str] | None) -> Path | None:
+    """The label file ``data.label_files`` pairs with ``path`` (``path``'s name with the first
+    string replaced by the second), existing or not; None when the name does not contain it."""
+    old, new = (str(v) for v in label_files) if label_files else ("", "")
+    return path.with_name(path.name.replace(old, new)) if old and old in path.name else None
+
+
 def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:
     """Labels of ``path`` from its sibling label file (``.npy``, ``.txt`` or SemanticKITTI ``.label``)."""
     old, new = label_files
-    if old not in path.name:
+    other = label_file_of(path, label_files)
+    if other is None:
         raise DataError(f"{path}: data.label_files names '{old}', which the file name does not contain")
-    other = path.with_name(path.name.replace(old, new))
     if not other.is_file():
         raise DataError(f"{other}: label file of {path.name} not found (data.label_files: [{old}, {new}])")
     suffix = other.suffix.lower()
@@ -312,7 +319,8 @@ def predict_point_scenes_file(
                                                    usable=valid_points(sample, features))  # the points training keeps
     label_files = state.get("label_files")
     raw = data.get("label")
-    if label_files and label_files[0] in input_path.name and input_path.with_name(input_path.name.replace(*label_files)).is_file():
+    truth = label_file_of(input_path, label_files)
+    if truth is not None and truth.is_file():
         raw = sibling_labels(input_path, (str(label_files[0]), str(label_files[1])))  # the truth, for the output's label field
     if raw is not None and len(raw) == len(sample["coord"]):
         sample["label"] = map_labels(raw, table, str(state.get("unmapped", "ignore")))
@@ -330,8 +338,8 @@ def predict_point_scenes_file(
 def read_beside(input_path: Path, state: dict[str, Any]) -> list[Path]:
     """The label file the model's ``data.label_files`` pairs with ``input_path`` (whether it exists
     or not): predict never writes its output there (it would be read as the input's truth)."""
-    old, new = state.get("label_files") or ("", "")
-    return [input_path.with_name(input_path.name.replace(str(old), str(new)))] if old and str(old) in input_path.name else []
+    paired = label_file_of(input_path, state.get("label_files"))
+    return [] if paired is None else [paired]
 
 
 predict_point_scenes_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads

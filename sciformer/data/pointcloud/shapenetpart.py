@@ -196,7 +196,7 @@ def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> PointTask:
     for split in ("train", "val", "test"):
         files = read_split(root, split, synsets)
         splits[split] = [(p, c) for p, c in files if CATEGORY_NAMES[c] in wanted]
-    check_disjoint_splits({s: [p for p, _ in files] for s, files in splits.items()}, "shapes",  # a link or the same name
+    check_disjoint_splits({s: [p for p, _ in files if p.is_file()] for s, files in splits.items()}, "shapes",  # missing: named when read
                           listed="train_test_split/shuffled_{}_file_list.json", copies=False)
     train_tf = build_transforms(DEFAULT_TRAIN_TRANSFORMS if cfg.train_transforms is None else cfg.train_transforms,
                                 "data.train_transforms")

@@ -274,3 +274,13 @@ def test_geometric_rows_follow_the_features_that_decide_the_kept_points(tmp_path
         task = build_point_scenes(PointScenesConfig(**base, features=features), ctx)
         kept = np.delete(coord, dropped, axis=0)
         np.testing.assert_array_equal(task.dataset("train").source.load(0)["geometric"], geometric.geometric_features(kept))
+
+
+def test_one_rule_names_the_label_file_of_a_point_file() -> None:
+    from sciformer.data.pointcloud.point_scenes import label_file_of, read_beside
+
+    pts = Path("/data/seq_00_points.npy")
+    assert label_file_of(pts, ("_points.npy", "_labels.npy")) == Path("/data/seq_00_labels.npy")
+    assert label_file_of(pts, (".bin", ".label")) is None and label_file_of(pts, None) is None
+    assert read_beside(pts, {"label_files": ["_points.npy", "_labels.npy"]}) == [Path("/data/seq_00_labels.npy")]
+    assert read_beside(pts, {}) == []
