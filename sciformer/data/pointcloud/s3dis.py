@@ -168,18 +168,11 @@ def prepare_room(room_dir: Path, out: Path, malformed: str) -> dict[str, Any]:
 def prepare_s3dis(root: Path, cache_root: Path, malformed: str) -> list[dict[str, Any]]:
     """Convert every room once (resumable; a room whose annotation files changed since is
     converted again); returns room records with their cache folders."""
-    rooms = find_rooms(root)
-    records = []
-    todo = [(a, r, d) for a, r, d in rooms if _prepared(cache_root / f"Area_{a}" / r, d) is None]
-    for area, room, room_dir in progress(todo, "S3DIS rooms"):
-        prepare_room(room_dir, cache_root / f"Area_{area}" / room, malformed)
-    for area, room, room_dir in rooms:
-        folder = cache_root / f"Area_{area}" / room
-        meta = _prepared(folder, room_dir)
-        if meta is None:  # edited while it was being prepared
-            raise DataError(f"{room_dir / 'Annotations'}: its files changed while preparing the room; run again")
-        records.append({"area": area, "room": room, "folder": folder, **meta})
-    return records
+    rooms = [(a, r, d, cache_root / f"Area_{a}" / r) for a, r, d in find_rooms(root)]
+    metas = {folder: _prepared(folder, d) for _, _, d, folder in rooms}  # one listing and one read per room
+    for _, _, room_dir, folder in progress([room for room in rooms if metas[room[3]] is None], "S3DIS rooms"):
+        metas[folder] = prepare_room(room_dir, folder, malformed)  # records the files as listed before reading them
+    return [{"area": a, "room": r, "folder": folder, **metas[folder]} for a, r, _, folder in rooms]
 
 
 def _prepared(folder: Path, room_dir: Path) -> dict[str, Any] | None:
