@@ -44,11 +44,20 @@ def write_hsi_experiment(folder: Path, *, bands: int = 8, train: str = "epochs: 
 
     cube, gt, _ = make_hsi_scene(h=16, w=18, bands=bands, classes=3, block=4)
     scipy.io.savemat(folder / "scene.mat", {"cube": cube, "labels": gt.astype(np.uint8)})
+    return write_tiny_hsi_config(folder, "source: scene.mat", train=train, extra=extra)
+
+
+def write_tiny_hsi_config(folder: Path, data: str, *, name: str = "tiny_hsi", train_per_class: int = 20,
+                          band_group_size: int = 3, train: str = "epochs: 1, batch_size: 16, progress: never, threads: 1",
+                          extra: str = "") -> Path:
+    """``folder/tiny.yaml``: a tiny ``spectral_spatial`` experiment (3 x 3 patches, a stratified
+    split) on the scene ``data`` names (flow-style keys, e.g. ``"source: cube.npy, label_path: gt.npy"``)."""
     cfg = folder / "tiny.yaml"
     cfg.write_text(
-        "name: tiny_hsi\n"
-        "data: {name: hsi_scene, source: scene.mat, patch_size: 3, split: {kind: stratified, train_per_class: 20, val_fraction: 0.2}}\n"
-        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
+        f"name: {name}\n"
+        f"data: {{name: hsi_scene, {data}, patch_size: 3, split: {{kind: stratified, train_per_class: {train_per_class}, "
+        "val_fraction: 0.2}}\n"
+        f"model: {{name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: {band_group_size}}}\n"
         f"train: {{{train}}}\n" + extra
     )
     return cfg

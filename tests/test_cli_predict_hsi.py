@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.io
 from spectral.io import envi
-from synthetic import make_hsi_scene
+from synthetic import make_hsi_scene, write_tiny_hsi_config
 
 from sciformer.cli import main
 from sciformer.data.palette import class_colors
@@ -26,11 +26,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hsi")
     cube, gt, _ = make_hsi_scene(h=20, w=24, bands=9, classes=3, block=4)
     scipy.io.savemat(root / "scene.mat", {"cube": cube.astype(np.float32), "labels": gt.astype(np.uint8)})
-    (root / "tiny.yaml").write_text(
-        "name: tiny_hsi\ndata:\n  name: hsi_scene\n  source: scene.mat\n  class_names: [red, green, blue]\n"
-        "  patch_size: 3\n  split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}\n"
-        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
-        "train: {epochs: 2, batch_size: 16, progress: never}\n")
+    write_tiny_hsi_config(root, "source: scene.mat, class_names: [red, green, blue]", train_per_class=30,
+                          train="epochs: 2, batch_size: 16, progress: never")
     assert main(["train", "-c", str(root / "tiny.yaml"), "-o", str(root / "run")]) == 0
     envi.save_image(str(root / "cube.hdr"), cube.astype(np.float32), ext=".img", force=True,
                     metadata={"map info": MAP_INFO})

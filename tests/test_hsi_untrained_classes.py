@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from synthetic import make_hsi_scene
+from synthetic import make_hsi_scene, write_tiny_hsi_config
 
 import sciformer
 from sciformer.cli import main
@@ -30,11 +30,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         sparse[gt == k] = v
     np.save(root / "cube.npy", cube)
     np.save(root / "gt.npy", sparse)
-    (root / "tiny.yaml").write_text(
-        "name: sparse\ndata:\n  name: hsi_scene\n  source: cube.npy\n  label_path: gt.npy\n  patch_size: 3\n"
-        "  split: {kind: stratified, train_per_class: 20, val_fraction: 0.2}\n"
-        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 4}\n"
-        "train: {epochs: 1, batch_size: 16, progress: never, threads: 1}\n")
+    write_tiny_hsi_config(root, "source: cube.npy, label_path: gt.npy", name="sparse", band_group_size=4)
     assert main(["train", "-c", str(root / "tiny.yaml"), "-o", str(root / "run")]) == 0
     with np.load(root / "run" / "splits.npz") as splits:
         trained = sorted(int(v) for v in np.unique(splits["train"]) if v > 0)  # the oracle

@@ -11,7 +11,7 @@ import pytest
 import scipy.io
 import torch
 from spectral.io import envi
-from synthetic import make_hsi_scene
+from synthetic import make_hsi_scene, write_tiny_hsi_config
 
 from sciformer.cli import main
 from sciformer.data.hsi.readers import read_labels, read_scene
@@ -31,11 +31,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     for r, c in NODATA:  # unlabelled no-data pixels in the training scene
         holed[r, c, 3] = np.nan
     scipy.io.savemat(root / "scene.mat", {"cube": holed, "labels": gt})
-    (root / "tiny.yaml").write_text(
-        "name: nd\ndata:\n  name: hsi_scene\n  source: scene.mat\n  patch_size: 3\n"
-        "  split: {kind: stratified, train_per_class: 30, val_fraction: 0.2}\n"
-        "model: {name: spectral_spatial, dim: 16, depth: 1, num_heads: 2, band_group_size: 3}\n"
-        "train: {epochs: 1, batch_size: 16, progress: never, threads: 1}\n")
+    write_tiny_hsi_config(root, "source: scene.mat", name="nd", train_per_class=30)
     assert main(["train", "-c", str(root / "tiny.yaml"), "-o", str(root / "run")]) == 0
     return {"root": root, "run": root / "run", "cube": cube, "gt": gt}
 
