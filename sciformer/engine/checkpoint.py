@@ -141,7 +141,7 @@ def load_checkpoint_and_digest(path: str | Path, in_run: str = "last.pt", *, dig
         os.close(fd)
         raise CheckpointError(f"checkpoint '{path}' is not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        _check_container(handle, path)
+        _check_container(handle, path, verify=True)
         sha = None
         if digest:
             handle.seek(0)
@@ -175,8 +175,10 @@ def _torch_load(handle: Any, path: Path) -> Any:
         raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
 
 
-def _check_container(handle: Any, path: Path) -> None:
-    """Zip members stored (as torch.save writes them) that fit the memory budget (``handle``: the open file)."""
+def _check_container(handle: Any, path: Path, verify: bool = False) -> None:
+    """Zip members stored (as torch.save writes them) that fit the memory budget (``handle``: the open file);
+    with ``verify``, every member's bytes also match the CRC-32 torch.save recorded for them (torch.load
+    does not check it: a flipped bit in a tensor loads as a changed weight, silently)."""
     if not zipfile.is_zipfile(handle):
         return  # legacy (non-zip) torch files are size-bounded by the file itself; torch.load judges them
     try:
@@ -192,6 +194,24 @@ def _check_container(handle: Any, path: Path) -> None:
         check_bytes(sum(m.file_size for m in members), f"checkpoint '{path}'", "its tensors")
     except DataError as exc:
         raise CheckpointError(str(exc)) from None
+    if verify:
+        _check_crc(handle, path)
+
+
+def _check_crc(handle: Any, path: Path) -> None:
+    """One line when a stored member's bytes differ from its recorded CRC-32 (bytes changed on disk
+    or in transfer after the file was written)."""
+    handle.seek(0)
+    try:
+        with zipfile.ZipFile(handle) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+    if bad is not None:
+        raise CheckpointError(
+            f"checkpoint '{path}' is damaged: the bytes of '{bad[:80]}' do not match the checksum written with them "
+            "(changed on disk or in a copy); use another copy of the run"
+        )
 
 
 def _check_data_info(info: dict[str, Any], path: Path) -> None:

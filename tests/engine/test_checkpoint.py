@@ -113,3 +113,29 @@ def test_a_checkpoint_replaced_between_the_check_and_the_open_is_one_error(tmp_p
     with pytest.raises(CheckpointError, match="best.pt"):
         checkpoint.load_checkpoint(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("where", ["tensor", "records"])
+def test_a_flipped_bit_anywhere_in_a_member_is_refused(tmp_path: Path, where: str) -> None:
+    """torch.load itself loads a tensor with a flipped bit silently; the zip's CRC-32 (zipfile's own
+    reading as the oracle) catches a change in any member."""
+    import zipfile
+
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {**_payload(), "model": {"w": torch.arange(1000.0)}})
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+    info = next(m for m in infos if (m.filename.endswith("/data/0") if where == "tensor" else m.filename.endswith("data.pkl")))
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = int.from_bytes(raw[info.header_offset + 26 : info.header_offset + 28], "little"), int.from_bytes(
+        raw[info.header_offset + 28 : info.header_offset + 30], "little"
+    )  # the local header's own lengths (torch pads its extra field to align the data)
+    start = info.header_offset + 30 + name_len + extra_len
+    for offset in (0, info.file_size // 2, info.file_size - 1):
+        flipped = bytearray(raw)
+        flipped[start + offset] ^= 0x01
+        bad = tmp_path / f"bad{offset}.pt"
+        bad.write_bytes(bytes(flipped))
+        with pytest.raises(CheckpointError, match=r"is damaged|truncated or not a torch file|not a sciformer checkpoint"):
+            load_checkpoint(bad)
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(1000.0))
