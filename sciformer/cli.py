@@ -206,11 +206,13 @@ def _predict(args: argparse.Namespace, inputs: list[Path], many: bool, options: 
     if entry.predictor is None:
         raise SciformerError(f"dataset '{name}' has no file predictor")
     # ... and against this dataset's formats before the model is built or any data read.
-    written_beside, read_beside = (getattr(entry.predictor, attr, None) for attr in ("written_beside", "read_beside"))
+    written_beside, read_beside, labelled_by = (getattr(entry.predictor, attr, None) for attr in ("written_beside", "read_beside", "labelled_by"))
+    data_state = state.get("data_state") or {}
     pairs = plan_outputs(inputs, args.output, prediction_suffixes(entry.predictor), fmt=args.format,
                          overwrite=args.overwrite, many=many, read_too=read_files(args),
                          beside=None if written_beside is None else (lambda out: written_beside(out, options)),
-                         paired=None if read_beside is None else (lambda inp: read_beside(inp, state.get("data_state") or {})))
+                         paired=None if read_beside is None else (lambda inp: read_beside(inp, data_state)),
+                         labelled_by=None if labelled_by is None else (lambda out: labelled_by(out, data_state)))
     exp, state, model, device = load_models(args.checkpoint, list(args.overrides), args.device)
     predict = predict_fn(model, device, exp.cfg.train.amp)
     batch_size = args.batch_size or exp.cfg.evaluation.batch_size

@@ -185,6 +185,7 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
                  overwrite: bool = False, many: bool = False,
                  beside: Callable[[Path], list[Path]] | None = None,
                  paired: Callable[[Path], list[Path]] | None = None,
+                 labelled_by: Callable[[Path], Path | None] | None = None,
                  read_too: list[Path] = ()) -> list[tuple[Path, Path]]:
     """(input, output) pairs, checked before anything is loaded.
 
@@ -196,7 +197,8 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
     output that is one of the inputs (always: every part of an ENVI pair, :func:`input_parts`,
     and the other files the command reads, ``read_too``: ``--labels``, ``--wavelengths``),
     an output a reader would pair with an input later (:func:`input_sidecars`, any case; and
-    ``paired(input)``: e.g. the label file ``data.label_files`` names beside a point file),
+    ``paired(input)``: e.g. the label file ``data.label_files`` names beside a point file; and
+    ``labelled_by(output)``: the existing file, input or not, whose label file the output would be),
     an output that exists as a dangling link (unless ``overwrite``). ``beside(output)`` names the files a
     predictor writes next to an output (e.g. ``--probabilities`` rasters); they are
     checked like the output, and no file may be written twice.
@@ -252,6 +254,10 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
             if str(w.resolve()).casefold() in sidecars:
                 raise SciformerError(f"--output '{w}' would be read with input '{sidecars[str(w.resolve()).casefold()]}' "
                                      "(its ENVI header or data file, or its label file); choose another output name")
+            owner = labelled_by(w) if labelled_by is not None else None
+            if owner is not None:
+                raise SciformerError(f"--output '{w}' is the label file data.label_files pairs with '{owner}' (read as its "
+                                     "truth by train and evaluate); choose another output name")
             if w.is_dir():  # --overwrite would not help
                 raise SciformerError(f"--output '{w}' is a directory")
             if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it

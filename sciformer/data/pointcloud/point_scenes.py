@@ -342,8 +342,22 @@ def read_beside(input_path: Path, state: dict[str, Any]) -> list[Path]:
     return [] if paired is None else [paired]
 
 
+def labelled_by(output: Path, state: dict[str, Any]) -> Path | None:
+    """The existing point file whose label file (``data.label_files``) ``output`` is, or None:
+    a prediction written there would be read as that file's truth by the next train / evaluate."""
+    label_files = state.get("label_files")
+    if not label_files:
+        return None
+    old, new = (str(v) for v in label_files)
+    if not old or not new or new not in output.name:
+        return None
+    owner = output.with_name(output.name.replace(new, old))
+    return owner if owner.is_file() and label_file_of(owner, label_files) == output else None
+
+
 predict_point_scenes_file.suffixes = POINT_OUTPUTS  # type: ignore[attr-defined]  # checked before the model loads
 predict_point_scenes_file.read_beside = read_beside  # type: ignore[attr-defined]  # never an output name
+predict_point_scenes_file.labelled_by = labelled_by  # type: ignore[attr-defined]  # nor another file's label file
 
 
 @DATASETS.register("point_scenes", config=PointScenesConfig, predictor=predict_point_scenes_file)

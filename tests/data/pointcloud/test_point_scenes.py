@@ -254,6 +254,41 @@ def test_predict_never_writes_the_label_file_paired_with_its_input(tmp_path: Pat
     assert "would be read with input" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("labels_exist", [True, False])
+def test_predict_never_writes_the_label_file_of_another_point_file_of_the_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], labels_exist: bool) -> None:
+    """Predicting ``a_points.npy`` into ``b_labels.npy`` beside ``b_points.npy`` would make (or replace) b's
+    truth for the next train / evaluate: refused before any model loads, with or without --overwrite; a
+    ``c_labels.npy`` without a ``c_points.npy`` is no one's truth and passes this check."""
+    from sciformer import cli
+    from sciformer.engine import checkpoint
+
+    for name in ("a", "b"):
+        np.save(tmp_path / f"{name}_points.npy", np.zeros((5, 3), np.float32))
+    truth = tmp_path / "b_labels.npy"
+    if labels_exist:
+        np.save(truth, np.arange(5))
+    before = truth.read_bytes() if labels_exist else None
+    state = {"config": {"data": {"name": "point_scenes"}}, "data_state": {"label_files": ["_points.npy", "_labels.npy"]}}
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: state)
+    argv = ["predict", "--checkpoint", str(tmp_path / "run"), "--input", str(tmp_path / "a_points.npy"), "--output"]
+    for extra in ([], ["--overwrite"]):
+        assert cli.main([*argv, str(truth), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        refused_as = "exists; pass --overwrite" if labels_exist and not extra else "b_points.npy"  # the first check met
+        assert len(err.splitlines()) == 1 and refused_as in err, err
+        assert (truth.read_bytes() if labels_exist else truth.exists()) == (before if labels_exist else False)
+    folder_out = tmp_path / "out"  # a folder output: each input's name, checked the same way
+    folder_out.mkdir()
+    np.save(folder_out / "a_points.npy", np.zeros((5, 3), np.float32))
+    assert cli.main(["predict", "--checkpoint", str(tmp_path / "run"), "--input", str(tmp_path / "a_points.npy"),
+                     "--output", f"{folder_out}/", "--format", ".npy"]) == 2
+    assert "label file" not in capsys.readouterr().err  # a_points.npy in out/ is no label file name
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: {**state, "config": {"data": {"name": "nope"}}})
+    assert cli.main([*argv, str(tmp_path / "c_labels.npy")]) == 2  # passes the check, fails later (fake checkpoint)
+    assert "label file" not in capsys.readouterr().err
+
+
 def test_geometric_rows_follow_the_features_that_decide_the_kept_points(tmp_path: Path, ctx: BuildContext) -> None:
     """One file, trained with [colour, geometric] and then [intensity, geometric] on one cache:
     each drops the rows its own features make invalid (the same count, other rows), and each
@@ -277,10 +312,11 @@ def test_geometric_rows_follow_the_features_that_decide_the_kept_points(tmp_path
 
 
 def test_one_rule_names_the_label_file_of_a_point_file() -> None:
-    from sciformer.data.pointcloud.point_scenes import label_file_of, read_beside
+    from sciformer.data.pointcloud.point_scenes import label_file_of, labelled_by, read_beside
 
     pts = Path("/data/seq_00_points.npy")
     assert label_file_of(pts, ("_points.npy", "_labels.npy")) == Path("/data/seq_00_labels.npy")
     assert label_file_of(pts, (".bin", ".label")) is None and label_file_of(pts, None) is None
     assert read_beside(pts, {"label_files": ["_points.npy", "_labels.npy"]}) == [Path("/data/seq_00_labels.npy")]
     assert read_beside(pts, {}) == []
+    assert labelled_by(Path("/data/seq_00_labels.npy"), {"label_files": ["_points.npy", "_labels.npy"]}) is None  # no such file
