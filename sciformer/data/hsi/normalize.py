@@ -23,7 +23,7 @@ from sciformer.errors import DataError
 Method = Literal["standard", "minmax", "none"]
 METHODS: tuple[str, ...] = ("standard", "minmax", "none")
 
-_ROWS_PER_CHUNK_PIXELS = 1 << 16  # pixels transformed per chunk (bounded temporaries)
+_CHUNK_BYTES = 8 << 20  # float64 bytes of the pixels transformed at a time (bounded temporaries, any band count)
 
 
 class Normalizer:
@@ -106,12 +106,13 @@ class Normalizer:
         return self
 
     # ------------------------------------------------------------------ applying
-    def transform(self, data: np.ndarray, where: str = "Normalizer") -> np.ndarray:
+    def transform(self, data: np.ndarray, where: str = "Normalizer", first_row: int = 0) -> np.ndarray:
         """Apply to an array whose last axis is bands: (..., B) -> (..., C) float32.
 
         A value that leaves float32's range (a no-data fill such as -3.4e38 or 1e300 in a
         float64 cube) is a one-line DataError naming ``where`` and the first such pixel,
-        never an infinite input that would give the model NaN outputs.
+        never an infinite input that would give the model NaN outputs (``first_row``: the row
+        of the whole cube that ``data``'s first row is, for that pixel's position).
         """
         if not self.fitted:
             raise DataError("Normalizer: not fitted yet; call fit() first")
@@ -125,10 +126,14 @@ class Normalizer:
         out = np.empty((flat.shape[0], self.out_channels), dtype=np.float32)  # (N, C)
         shift = np.asarray(self.shift, dtype=np.float64)
         inv = 1.0 / np.asarray(self.scale, dtype=np.float64)
-        for start in range(0, flat.shape[0], _ROWS_PER_CHUNK_PIXELS):
+        rows = max(1, _CHUNK_BYTES // (8 * max(flat.shape[1], self.out_channels, 1)))
+        for start in range(0, flat.shape[0], rows):
             with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values are reported below
                 # shift and scale in float64 (data at 1e8 with a spread of 10 keeps its detail), then float32
-                chunk = ((flat[start : start + _ROWS_PER_CHUNK_PIXELS].astype(np.float64) - shift) * inv).astype(np.float32)
+                wide = flat[start : start + rows].astype(np.float64)  # (n, B): the one float64 copy, in place below
+                wide -= shift
+                wide *= inv
+                chunk = wide.astype(np.float32)
                 if self.pca_basis is not None:
                     chunk = (chunk - self.pca_mean.astype(np.float32)) @ self.pca_basis.astype(np.float32)  # (n, C)
             bad = ~np.isfinite(chunk).all(axis=1)  # (n,)
@@ -136,6 +141,7 @@ class Normalizer:
                 row = start + int(bad.argmax())
                 raw = flat[row].astype(np.float64)  # (B,)
                 first = tuple(int(i) for i in np.unravel_index(row, lead)) if lead else ()
+                first = (first[0] + first_row, *first[1:]) if first else first
                 more = "+" if start + chunk.shape[0] < flat.shape[0] else ""
                 raise DataError(f"{where}: {int(bad.sum())}{more} pixel(s) leave float32's range once normalised (first at "
                                 f"{first}, raw value {raw[np.abs(raw).argmax()]:.3g}); a no-data fill? replace or mask it first")

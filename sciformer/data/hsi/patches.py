@@ -13,7 +13,7 @@ default), ``symmetric`` (mirror repeating the edge), ``edge`` (repeat the edge p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -42,6 +42,39 @@ def pad_cube(cube: np.ndarray | torch.Tensor, patch_size: int, mode: PaddingMode
     for k in range(b):  # band by band: no second full-size copy of the cube
         band = np.asarray(arr[:, :, k], dtype=np.float32)  # (H, W)
         out[k] = np.pad(band, r, mode=np_mode) if r else band
+    return torch.from_numpy(out)
+
+
+BLOCK_BYTES = 4 << 20  # float32 bytes of the cube rows pad_transformed transforms at a time
+
+
+def pad_transformed(cube: np.ndarray, transform: Callable[[np.ndarray, int], np.ndarray], channels: int,
+                    patch_size: int, mode: PaddingMode = "reflect") -> torch.Tensor:
+    """:func:`pad_cube` of ``transform`` applied to ``cube``, built block of image rows by block:
+    ``transform(rows, y)`` gets the rows ``cube[y : y + n]`` (n, W, B) and returns them as
+    (n, W, channels) float32, written straight into the padded tensor. Besides the cube and the
+    output, memory holds one block (about ``BLOCK_BYTES`` as float32) and one padded band at a time,
+    where transforming the whole cube first held a second full-size copy.
+
+    Shapes:
+        cube: (H, W, B) -> (channels, H + 2r, W + 2r) float32
+    """
+    patch_size = check_patch_size(patch_size)
+    if mode not in PADDING_MODES:
+        raise DataError(f"padding: expected one of {', '.join(PADDING_MODES)}, got '{mode}'")
+    if cube.ndim != 3:
+        raise DataError(f"cube: expected shape (H, W, B), got {cube.shape}")
+    r = patch_size // 2
+    h, w = cube.shape[:2]
+    out = np.empty((channels, h + 2 * r, w + 2 * r), dtype=np.float32)  # (C, H + 2r, W + 2r)
+    step = max(1, BLOCK_BYTES // (4 * max(1, w * max(channels, cube.shape[2]))))
+    for y in range(0, h, step):
+        block = transform(cube[y : y + step], y)  # (n, W, C)
+        out[:, r + y : r + y + block.shape[0], r : r + w] = block.transpose(2, 0, 1)
+    if r:
+        np_mode = "constant" if mode == "zero" else mode
+        for k in range(channels):  # band by band, from the interior just written
+            out[k] = np.pad(out[k, r : r + h, r : r + w], r, mode=np_mode)
     return torch.from_numpy(out)
 
 

@@ -33,7 +33,7 @@ from sciformer.data.hsi.geotiff import (
 )
 from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels
 from sciformer.data.hsi.normalize import Normalizer
-from sciformer.data.hsi.patches import pad_cube, predict_scene
+from sciformer.data.hsi.patches import pad_transformed, predict_scene
 from sciformer.data.hsi.readers import (
     Scene,
     list_arrays,
@@ -183,8 +183,11 @@ def predict_hsi_file(
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names), input_path)
     nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): label 0, NaN probabilities
-    cube = fill_nodata(scene.cube, nodata, norm.shift)  # 0 once normalised: neighbours' patches stay clean
-    padded = pad_cube(norm.transform(cube, str(input_path)), patch_size, padding)  # (C, H + 2r, W + 2r)
+    padded = pad_transformed(  # no-data pixels filled with the shift: 0 once normalised, neighbours' patches stay clean
+        scene.cube, lambda rows, y: norm.transform(fill_nodata(rows, nodata[y : y + len(rows)], norm.shift), str(input_path), y),
+        norm.out_channels, patch_size, padding)  # (C, H + 2r, W + 2r)
+    h, w = scene.cube.shape[:2]
+    scene.cube = np.empty((0, 0, scene.cube.shape[2]), scene.cube.dtype)  # the padded tensor is all the model reads: the cube is let go
     wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)  # (B,)
     class_mask = trained_class_mask(state.get("trained_classes"), len(class_names))  # (K,): classes never trained: never predicted
 
@@ -196,7 +199,6 @@ def predict_hsi_file(
             batch[CLASS_MASK] = class_mask
         return batch
 
-    h, w = scene.cube.shape[:2]
     bar: Any = progress(iter(()), input_path.name, total=-(-h * w // max(1, batch_size)))  # a bar on a terminal only
 
     def counted(batch: Batch) -> torch.Tensor:

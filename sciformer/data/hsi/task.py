@@ -55,7 +55,7 @@ from sciformer.data.hsi.config import AugmentConfig, HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels, refuse_labelled_nodata
 from sciformer.data.hsi.normalize import Normalizer
-from sciformer.data.hsi.patches import PatchDataset, pad_cube, predict_scene
+from sciformer.data.hsi.patches import PatchDataset, pad_transformed, predict_scene
 from sciformer.data.hsi.predict import predict_hsi_file, trained_class_mask
 from sciformer.data.hsi.scene_setup import class_names_for, load_source, make_split
 from sciformer.data.hsi.splits import Split
@@ -320,8 +320,10 @@ def build_hsi_scene(cfg: HSISceneConfig, ctx: BuildContext) -> HSISceneTask:
     refuse_labelled_nodata(nodata, sum(m > 0 for m in split.maps().values()) > 0, scene.source, scene.meta.get("nodata"))
     normalizer = Normalizer(cfg.normalise, cfg.pca_components).fit(scene.cube, split.train > 0)
     facts = _SceneFacts(scene.source, *scene.shape, labelled=scene.num_labelled or sum(split.counts().values()))
-    cube = fill_nodata(scene.cube, nodata, normalizer.shift)  # 0 once normalised: no patch sees a no-data value
-    padded = pad_cube(normalizer.transform(cube, str(scene.source)), cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
+    padded = pad_transformed(  # no-data pixels filled with the shift: 0 once normalised, no patch sees a no-data value
+        scene.cube, lambda rows, y: normalizer.transform(fill_nodata(rows, nodata[y : y + len(rows)], normalizer.shift),
+                                                         str(scene.source), y),
+        normalizer.out_channels, cfg.patch_size, cfg.padding)  # (C, H + 2r, W + 2r)
     task = HSISceneTask(cfg, split, normalizer, padded, class_names, scene.wavelengths, scene.gt, facts)
     task.band_order, task.nodata = scene.meta.get("band_order"), nodata
     return task

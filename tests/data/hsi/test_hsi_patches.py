@@ -169,3 +169,50 @@ def test_scene_map_is_the_argmax_of_the_probabilities_even_at_float32_ties() -> 
     ids = predict_scene(predict, padded, 3, 7, probabilities=probs)
     np.testing.assert_array_equal(ids, probs.argmax(axis=2))
     np.testing.assert_allclose(probs, 0.5)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "symmetric", "edge", "zero"])
+@pytest.mark.parametrize(("h", "w", "p"), [(37, 23, 7), (3, 2, 9), (1, 1, 5), (300, 300, 1)])
+def test_pad_transformed_equals_transforming_the_whole_cube_first(mode, h, w, p, monkeypatch) -> None:
+    """Oracle: pad_cube of the whole transformed cube (the path it replaces), on blocks that split
+    the rows unevenly (BLOCK_BYTES shrunk to a few rows), with a transform that changes the band
+    count and depends on the rows' position."""
+    from sciformer.data.hsi import patches
+    from sciformer.data.hsi.patches import pad_transformed
+
+    monkeypatch.setattr(patches, "BLOCK_BYTES", 4 * 6 * (3 * w + 1))  # 3 rows of 6 bands per block, the last one short
+    rng = np.random.default_rng(h * w + p)
+    cube = rng.integers(0, 4000, size=(h, w, 6)).astype(np.uint16)  # (H, W, B)
+    basis = rng.normal(size=(6, 4))
+    whole = (cube.astype(np.float64) @ basis + np.arange(h)[:, None, None]).astype(np.float32)  # (H, W, 4)
+    seen: list[int] = []
+
+    def transform(rows: np.ndarray, y: int) -> np.ndarray:
+        seen.append(y)
+        return (rows.astype(np.float64) @ basis + np.arange(y, y + len(rows))[:, None, None]).astype(np.float32)
+
+    got = pad_transformed(cube, transform, 4, p, mode)
+    torch.testing.assert_close(got, pad_cube(whole, p, mode), rtol=0, atol=0)
+    assert seen == list(range(0, h, 3))
+
+
+def test_pad_transformed_holds_no_second_copy_of_the_cube() -> None:
+    """Peak memory above the uint16 cube (tracemalloc sees numpy's allocations): the float32 output
+    plus blocks, not a whole float32 (let alone float64) transformed copy beside it."""
+    import tracemalloc
+
+    from sciformer.data.hsi.normalize import Normalizer
+    from sciformer.data.hsi.patches import pad_transformed
+
+    cube = np.random.default_rng(0).integers(0, 4000, size=(400, 300, 100)).astype(np.uint16)  # 24 MB
+    norm = Normalizer("standard").fit(cube, np.ones(cube.shape[:2], bool))
+    out_bytes = 100 * (400 + 6) * (300 + 6) * 4
+    tracemalloc.start()
+    try:
+        padded = pad_transformed(cube, lambda rows, y: norm.transform(rows, "cube", y), 100, 7, "reflect")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    torch.testing.assert_close(padded, pad_cube(norm.transform(cube), 7, "reflect"), rtol=0, atol=0)
+    assert peak < out_bytes + 28 * 2**20, (peak, out_bytes)  # a block (4 MB) and its transform's chunks (8 MB float64)
+    assert peak < out_bytes + cube.size * 4  # the old path: a float32 copy of the whole cube beside the output
