@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.errors import ConfigError, DataError, SciformerError
-from sciformer.frontend import check_paths, python_api
+from sciformer.frontend import check_paths, printed_as, python_api
 
 PathLike = str | os.PathLike[str]
 _POINT_FIELDS = ("colour", "normal", "intensity")  # per-point inputs a point file carries besides coordinates
@@ -170,15 +170,16 @@ class Predictor:
             else:
                 input_path = self._write_points(tmp_dir, data, features)
             opts = PredictOptions(probabilities=self.kind in ("points", "hsi"), wavelengths=wavelengths, **options)
+            what = "the cube array" if self.kind == "hsi" else "the point array"
+            renames = {} if input_path.parent != tmp_dir else {str(input_path): what, input_path.name: what}
             try:
-                with torch.no_grad(), _process_state_kept():  # the run's train.threads for the call only, as train
+                with torch.no_grad(), _process_state_kept(), printed_as(renames):  # the run's threads for the call only
                     apply_threads(self.experiment.cfg.train.threads)
                     return self._run(dict(self.data_state), input_path, tmp_dir, batch_size, opts)
             except SciformerError as exc:
                 if input_path.parent != tmp_dir:
                     raise
                 # the array was handed over as a temporary file: name what the caller passed instead
-                what = "the cube array" if self.kind == "hsi" else "the point array"
                 text = str(exc).replace(str(input_path), what).replace(input_path.name, what)
                 raise type(exc)(text) from None
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -17,6 +20,9 @@ from pathlib import Path
 from sciformer.errors import ConfigError
 
 _PYTHON: ContextVar[bool] = ContextVar("sciformer_python_api", default=False)
+_RENAMES: ContextVar[tuple[tuple[re.Pattern[str], str], ...]] = ContextVar("sciformer_renames", default=())
+_STREAMS_LOCK = threading.Lock()
+_streams_users = 0
 _NO_VALUE = object()
 
 KEYWORDS = {  # command-line flag -> keyword of the Python API
@@ -73,3 +79,44 @@ def check_paths(call: str, **paths: object) -> None:
     for keyword, value in paths.items():
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{call}: {keyword}= must be a path (a str or os.PathLike), got {value!r:.80}")
+
+
+class _RenamingStream:
+    """A text stream that writes through ``inner`` with the running context's renames applied."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        for pattern, new in _RENAMES.get():
+            text = pattern.sub(new, text)
+        return self.inner.write(text)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+@contextlib.contextmanager
+def printed_as(renames: dict[str, str]) -> Iterator[None]:
+    """Lines printed in the block (stdout, stderr: notes, scores) name what the caller passed, not
+    the temporary file an array was written to: each key (a path, or a bare file name, matched as a
+    whole name) replaced by its value. Per context, so threads predicting at once keep their own."""
+    global _streams_users
+    patterns = tuple((re.compile(r"(?<![\w.-])" + re.escape(old) + r"(?![\w-])"), new.replace("\\", "\\\\"))
+                     for old, new in sorted(renames.items(), key=lambda kv: -len(kv[0])))  # a full path before its name
+    token = _RENAMES.set(_RENAMES.get() + patterns)
+    with _STREAMS_LOCK:
+        if _streams_users == 0:
+            sys.stdout, sys.stderr = _RenamingStream(sys.stdout), _RenamingStream(sys.stderr)
+        _streams_users += 1
+    try:
+        yield
+    finally:
+        _RENAMES.reset(token)
+        with _STREAMS_LOCK:
+            _streams_users -= 1
+            if _streams_users == 0:
+                for name in ("stdout", "stderr"):
+                    stream = getattr(sys, name)
+                    if isinstance(stream, _RenamingStream):  # replaced by the caller meanwhile: theirs stays
+                        setattr(sys, name, stream.inner)

@@ -225,3 +225,23 @@ def test_a_feature_that_is_not_a_row_per_point_is_a_one_line_error(s3dis: dict[s
                              ({"colour": np.zeros((len(xyz), 3, 1))}, rf"feature 'colour' must be an array of shape \({len(xyz)}, 3\)")]:
         with pytest.raises(sciformer.api.DataError, match=needle):
             points.predict(xyz, features=features)
+
+
+def test_lines_printed_for_an_array_name_the_array_not_its_temporary_file(hsi: dict[str, Path],
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """model.predict(array, labels=...) prints its score line for "the cube array" (it named the temporary
+    cube.npy the array was written to); the caller's streams are theirs again after the call, and a
+    name that merely contains the temporary one is left as it is."""
+    import sys
+
+    from sciformer.frontend import printed_as
+
+    model = sciformer.load(hsi["run"], device="cpu")
+    before = (sys.stdout, sys.stderr)
+    model.predict(np.load(hsi["cube"]), labels=str(hsi["root"] / "gt.npy"))
+    out = capsys.readouterr()
+    assert (sys.stdout, sys.stderr) == before
+    assert "the cube array: OA" in out.out and "cube.npy:" not in out.out and "sciformer-predict-" not in out.out + out.err
+    with printed_as({"/tmp/x/cube.npy": "the cube array", "cube.npy": "the cube array"}):
+        print("/tmp/x/cube.npy: ok; mycube.npy and cube.npy2 stay; cube.npy.")
+    assert capsys.readouterr().out == "the cube array: ok; mycube.npy and cube.npy2 stay; the cube array.\n"
