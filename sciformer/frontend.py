@@ -106,8 +106,8 @@ def printed_as(renames: dict[str, str]) -> Iterator[None]:
                      for old, new in sorted(renames.items(), key=lambda kv: -len(kv[0])))  # a full path before its name
     token = _RENAMES.set(_RENAMES.get() + patterns)
     with _STREAMS_LOCK:
-        if _streams_users == 0:
-            sys.stdout, sys.stderr = _RenamingStream(sys.stdout), _RenamingStream(sys.stderr)
+        if _streams_users == 0:  # no stream at all (None, as under pythonw) stays none
+            sys.stdout, sys.stderr = (None if s is None else _RenamingStream(s) for s in (sys.stdout, sys.stderr))
         _streams_users += 1
     try:
         yield
