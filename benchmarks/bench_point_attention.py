@@ -38,7 +38,7 @@ Cases (all: training mode, BatchNorm over all edges, x and pos requiring gradien
                  AVX-512 blocks where the CPU is x86-64-v4)
 
 Usage: python benchmarks/bench_point_attention.py [--n 16384] [--c 64] [--k 16]
-       [--threads 2] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...] [--parts]
+       [--threads T] [--rounds 7] [--mem-rounds 2] [--cases pyg,plain,sciformer,...] [--parts]
 
 ``--parts`` also prints, for the fused cases, the mean time per step of each autograd
 function of the layer (forward and backward: edge statistics, position MLP hidden layer,
@@ -256,7 +256,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--c", type=int, default=64)
     ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: what train.threads: null picks on this machine, as training runs)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     ap.add_argument("--mem-rounds", type=int, default=2, help="fresh subprocesses per case for RSS")
     ap.add_argument("--chunk", type=int, default=None, help="sciformer chunk_size (default auto)")
@@ -266,6 +267,10 @@ def main() -> None:
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=["memory", "timing"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.threads is None:
+        from sciformer.engine.runtime import default_threads
+
+        args.threads = default_threads()
     cases = [s for s in args.cases.split(",") if s]
     unknown = sorted(set(cases) - set(ALL_CASES))
     if unknown:
