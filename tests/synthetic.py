@@ -237,3 +237,22 @@ def write_las(path: Path, n: int = 2000, *, rgb: bool = True, codes: tuple[int, 
     path.parent.mkdir(parents=True, exist_ok=True)
     las.write(path)
     return out
+
+
+def eio_link(folder: Path, name: str) -> Path:
+    """``folder/name``: a link to a regular file whose every read fails with EIO (offset 0 of
+    ``/proc/self/mem``, never mapped), a stand-in for a failing disk; the test is skipped
+    where reading it does not fail so."""
+    import errno
+
+    import pytest
+
+    link = folder / name
+    link.symlink_to("/proc/self/mem")
+    try:
+        with open(link, "rb") as fh:
+            fh.read(8)
+    except OSError as exc:
+        if exc.errno == errno.EIO:
+            return link
+    pytest.skip("no file here whose reads fail with EIO (/proc/self/mem)")

@@ -6,14 +6,19 @@
   exceeds the budget, before it is inflated or allocated: a 1 KB compressed file cannot ask
   for gigabytes. The budget is ``SCIFORMER_MAX_ARRAY_BYTES`` (bytes; suffixes K, M, G, T
   accepted), 4 GiB by default.
+- :func:`read_errors` turns an operating-system error met while reading a file (EIO, no
+  permission) into one DataError naming the file and the OS reason.
 - :func:`check_finite_coords` refuses coordinates that are, or would overflow to, inf/NaN.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sciformer.errors import DataError
@@ -107,6 +112,30 @@ def regular_file(path: str | os.PathLike[str], what: str = "file") -> Path:
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
         raise DataError(f"{path}: is {kind}; expected a regular {what}")
     return path
+
+
+# running out of memory or open files is the machine's, not the file's: the CLI words those itself
+_RESOURCE_ERRNOS = (errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for ``exc`` ("Input/output error", "Permission denied"),
+    without what a library wrapped around them (h5py puts a paragraph in ``strerror``)."""
+    if isinstance(exc.errno, int) and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+@contextmanager
+def read_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An OSError raised while reading ``path`` in the block becomes one DataError
+    ``"<path>: cannot read (<OS reason>)"``; running out of memory or open files passes as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _RESOURCE_ERRNOS:
+            raise
+        raise DataError(f"{path}: cannot read ({os_reason(exc)})") from exc
 
 
 # a compressed array may inflate this much beyond its stored size only while it stays small;

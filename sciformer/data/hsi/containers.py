@@ -20,6 +20,7 @@ from sciformer.utils.limits import (
     check_inflation,
     check_shape,
     npz_members,
+    read_errors,
     regular_file,
 )
 
@@ -317,22 +318,23 @@ def open_container(path: str | os.PathLike[str]) -> Container:
     if p.is_dir():
         raise DataError(f"{p}: not a file (a directory?); expected an image or label file")
     regular_file(p, "image or label file")  # a FIFO would hang, /dev/zero never ends
-    suffix = p.suffix.lower()
-    if suffix in MAT_SUFFIXES:
-        import h5py
+    with read_errors(p):  # an OS error of any format's opener (EIO, no permission): one line naming the file
+        suffix = p.suffix.lower()
+        if suffix in MAT_SUFFIXES:
+            import h5py
 
-        return _open_mat_v73(p) if h5py.is_hdf5(str(p)) else _open_mat_v5(p)
-    if suffix in NPY_SUFFIXES:
-        return _open_npy(p)
-    if suffix in ENVI_SUFFIXES:
-        return _open_envi(p, None)
-    if suffix in LAN_SUFFIXES:
-        return _open_lan(p)
-    if suffix in (".tif", ".tiff"):
-        return _open_geotiff(p)
-    header = _envi_header_for(p)
-    if header is not None:
-        return _open_envi(header, p)
+            return _open_mat_v73(p) if h5py.is_hdf5(str(p)) else _open_mat_v5(p)
+        if suffix in NPY_SUFFIXES:
+            return _open_npy(p)
+        if suffix in ENVI_SUFFIXES:
+            return _open_envi(p, None)
+        if suffix in LAN_SUFFIXES:
+            return _open_lan(p)
+        if suffix in (".tif", ".tiff"):
+            return _open_geotiff(p)
+        header = _envi_header_for(p)
+        if header is not None:
+            return _open_envi(header, p)
     raise DataError(f"{p}: unsupported file type '{p.suffix}'; supported: {SUPPORTED}")
 
 

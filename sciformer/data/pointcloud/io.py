@@ -45,7 +45,7 @@ from sciformer.data.pointcloud.open3d_io import read_with_open3d
 from sciformer.data.pointcloud.pcd import lzf_decompress, read_pcd
 from sciformer.data.pointcloud.ply import read_ply, write_ply
 from sciformer.errors import DataError
-from sciformer.utils.limits import check_bytes, npz_members, regular_file
+from sciformer.utils.limits import check_bytes, npz_members, read_errors, regular_file
 
 POINT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz", ".bin")
 BIN_DTYPES = ("float32", "float64", "int16", "int32", "uint8", "uint16", "uint32")
@@ -81,10 +81,8 @@ def parse_text_table(
     path = Path(path)
     if malformed not in ("error", "skip"):
         raise ValueError(f"malformed must be 'error' or 'skip', not {malformed!r}")
-    try:
+    with read_errors(path):
         text = path.read_bytes().decode("utf-8-sig", errors="replace")  # a leading byte-order mark is dropped
-    except OSError as exc:
-        raise fail(path, f"cannot read ({exc.strerror or exc})") from exc
     lines = text.splitlines()
     first = next(
         (i for i in range(skip_rows, len(lines)) if lines[i].strip() and not lines[i].lstrip().startswith(("#", "//"))),
@@ -317,6 +315,18 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
     if not path.exists():
         raise DataError(f"{path}: no such file")
     regular_file(path, "point-cloud file")  # a folder, a FIFO (would hang) or a device (would never end)
+    with read_errors(path):  # an OS error of any reader (EIO, no permission): one line naming the file
+        data = _read_by_suffix(path, columns, bin_dtype, keep_invalid)
+    if keep_invalid:
+        coord = data["coord"]
+        if coord.ndim != 2 or coord.shape[1] != 3 or coord.shape[0] == 0:
+            return check_points(path, data)  # the shape errors
+        return data
+    return check_points(path, data)
+
+
+def _read_by_suffix(path: Path, columns: list[str] | None, bin_dtype: str, keep_invalid: bool) -> PointData:
+    """The reader of ``path``'s suffix, its arrays unchecked."""
     suffix = path.suffix.lower()
     fast = read_with_open3d(path, keep_invalid) if suffix == ".pcd" else None  # compressed PCD: open3d when installed
     if fast is not None:
@@ -338,12 +348,7 @@ def read_point_file(path: str | os.PathLike[str], columns: Sequence[str] | str |
         data = read_las(path)
     else:
         raise DataError(f"{path}: unknown point-cloud suffix '{suffix}'; expected one of {', '.join(POINT_SUFFIXES)}")
-    if keep_invalid:
-        coord = data["coord"]
-        if coord.ndim != 2 or coord.shape[1] != 3 or coord.shape[0] == 0:
-            return check_points(path, data)  # the shape errors
-        return data
-    return check_points(path, data)
+    return data
 
 
 __all__ = [

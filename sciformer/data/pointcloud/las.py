@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData, fail, scale_colour
-from sciformer.utils.limits import regular_file
+from sciformer.utils.limits import read_errors, regular_file
 
 # LAZ compresses points 5-15x in practice; a header promising more than this many times
 # the file's size in point records is damaged (the decoder would allocate it up front).
@@ -149,7 +149,8 @@ def read_las_header(path: str | os.PathLike[str]) -> Any:
     except ImportError as exc:  # pragma: no cover - laspy is a declared extra
         raise fail(path, 'reading LAS/LAZ needs laspy: pip install "laspy[lazrs]"') from exc
     regular_file(path, "LAS/LAZ file")
-    check_record_counts(path)
+    with read_errors(path):  # also reached outside read_point_file (las_has_rgb)
+        check_record_counts(path)
     with laspy_errors(path, "LAS/LAZ header"), laspy.open(path) as reader:
         return reader.header
 

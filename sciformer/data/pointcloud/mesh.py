@@ -10,6 +10,7 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import fail, triangulate
 from sciformer.errors import DataError
+from sciformer.utils.limits import read_errors
 
 
 def read_off(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -20,10 +21,8 @@ def read_off(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     are ignored.
     """
     path = Path(path)
-    try:
+    with read_errors(path):
         text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise fail(path, f"cannot read ({exc.strerror or exc})") from exc
     lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln]
     if not lines or not lines[0].upper().startswith(("OFF", "COFF", "NOFF", "CNOFF")):

@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import scipy.io
+from synthetic import eio_link
 
 from sciformer.data.hsi.readers import list_arrays, read_labels, read_scene
 from sciformer.errors import DataError, SciformerError
@@ -240,6 +241,14 @@ def test_unreadable_files(tmp_path, name, content, pattern):
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match="file not found"):
         read_scene(tmp_path / "nothing.mat")
+
+
+def test_a_read_that_fails_in_the_os_is_a_data_error_naming_the_file(tmp_path):
+    """h5py's probe of a .mat file failing with EIO escaped as its own OSError paragraph."""
+    path = eio_link(tmp_path, "scene.mat")
+    with pytest.raises(DataError, match=r"scene\.mat: cannot read \(Input/output error\)") as e:
+        read_scene(path)
+    assert "\n" not in str(e.value)
 
 
 def test_2d_image_rejected(tmp_path):

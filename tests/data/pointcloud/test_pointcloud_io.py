@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic import eio_link
 
-from sciformer.data.pointcloud.io import parse_text_table, read_point_file
+from sciformer.data.pointcloud.io import las_has_rgb, parse_text_table, read_point_file
 from sciformer.errors import DataError
 
 
@@ -132,3 +135,17 @@ def test_numpy_arrays_of_non_numbers_are_refused(tmp_path: Path, name, arrays, n
         read_point_file(path)
     msg = str(e.value)
     assert "\n" not in msg and name in msg and needle in msg and "expected real numbers" in msg
+
+
+@pytest.mark.parametrize("name", ["scan.ply", "scan.pcd", "scan.las", "scan.txt", "scan.xyz", "scan.off", "scan.npy"])
+def test_a_read_that_fails_in_the_os_is_a_data_error_naming_the_file(tmp_path: Path, name: str, one_line_error) -> None:
+    """A read failing with EIO in the PLY, PCD, LAS and text readers escaped as a bare OSError
+    (the command line printed "error: Input/output error", naming no file)."""
+    path = eio_link(tmp_path, name)
+    with pytest.raises(DataError) as e:
+        read_point_file(path)
+    one_line_error(e, name, os.strerror(errno.EIO))
+    if name.endswith(".las"):  # the header alone, as LAS tiles are probed for colour
+        with pytest.raises(DataError) as e:
+            las_has_rgb(path)
+        one_line_error(e, name, os.strerror(errno.EIO))
