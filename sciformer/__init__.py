@@ -4,7 +4,10 @@
 :func:`load` (a trained run -> a predictor of arrays and files), :func:`train` (an
 experiment -> a run folder and its metrics), :func:`pretrain` (masked-band pre-training
 of a hyperspectral model -> a run folder to ``train(..., init_from=...)`` from), and the dataset classes ``ModelNet``,
-``S3DIS``, ``ShapeNetPart``, ``LasTiles`` and ``HyperspectralScene``.
+``S3DIS``, ``ShapeNetPart``, ``LasTiles`` and ``HyperspectralScene``. Every bad input (a
+config key, a file, an argument) raises a :class:`SciformerError`: a :class:`ConfigError`,
+:class:`DataError` or :class:`CheckpointError`, or :class:`TrainingDiverged` when the loss
+becomes NaN or infinite.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ _LAZY = {
     "TrainResult": "sciformer.api", "pretrain": "sciformer.api",
     "ModelNet": "sciformer.data.classes", "S3DIS": "sciformer.data.classes", "ShapeNetPart": "sciformer.data.classes",
     "LasTiles": "sciformer.data.classes", "HyperspectralScene": "sciformer.data.classes",
+    # the errors a caller catches: every bad input is a SciformerError
+    "SciformerError": "sciformer.errors", "ConfigError": "sciformer.errors", "DataError": "sciformer.errors",
+    "CheckpointError": "sciformer.errors", "TrainingDiverged": "sciformer.engine.loops",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -146,6 +146,7 @@ class Predictor:
         import torch
 
         from sciformer.contracts import PredictOptions
+        from sciformer.engine.inference import input_problem
         from sciformer.engine.runtime import apply_threads
 
         unknown = sorted(set(options) - set(PredictOptions.FLAGS) - {"probabilities"})
@@ -161,8 +162,9 @@ class Predictor:
                 if features is not None:
                     raise SciformerError("predict: features= goes with a point array; a file carries its own")
                 input_path = Path(data)
-                if not input_path.is_file():
-                    raise DataError(f"{input_path}: " + ("a folder; predict takes one file" if input_path.is_dir() else "no such file"))
+                problem = input_problem(input_path, folders=False)  # as predict --input words it
+                if problem is not None:
+                    raise DataError(f"{input_path}: {problem}")
             elif self.kind == "hsi":
                 if features is not None:
                     raise SciformerError("predict: features= goes with a point array; a hyperspectral cube carries its bands")

@@ -55,6 +55,20 @@ def test_import_sciformer_stays_cheap() -> None:
     assert callable(sciformer.load) and callable(sciformer.train)
 
 
+def test_the_errors_to_catch_come_with_import_sciformer() -> None:
+    """``sciformer.SciformerError`` was an AttributeError: a caller had to know ``sciformer.errors``."""
+    code = ("import sys, sciformer; caught = (sciformer.SciformerError, sciformer.ConfigError, sciformer.DataError, "
+            "sciformer.CheckpointError); assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    from sciformer import errors
+    from sciformer.engine.loops import TrainingDiverged
+
+    for name in ("SciformerError", "ConfigError", "DataError", "CheckpointError"):
+        assert getattr(sciformer, name) is getattr(errors, name) and name in sciformer.__all__ and name in dir(sciformer)
+    assert sciformer.TrainingDiverged is TrainingDiverged and issubclass(sciformer.TrainingDiverged, sciformer.SciformerError)
+
+
 def test_hsi_predict_equals_the_command_line(hsi: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "map.npy"
     assert main(["predict", "--checkpoint", str(hsi["run"]), "-i", str(hsi["cube"]), "-o", str(out)]) == 0
@@ -245,3 +259,36 @@ def test_lines_printed_for_an_array_name_the_array_not_its_temporary_file(hsi: d
     with printed_as({"/tmp/x/cube.npy": "the cube array", "cube.npy": "the cube array"}):
         print("/tmp/x/cube.npy: ok; mycube.npy and cube.npy2 stay; cube.npy.")
     assert capsys.readouterr().out == "the cube array: ok; mycube.npy and cube.npy2 stay; the cube array.\n"
+
+
+def test_a_path_that_is_no_regular_file_is_worded_as_the_command_line_words_it(hsi: dict[str, Path], tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """predict on a FIFO, a socket, a /dev/zero link or a link loop said "no such file"."""
+    import os
+    import socket
+
+    from sciformer.errors import DataError
+
+    monkeypatch.chdir(tmp_path)  # short relative names: a socket path has at most 107 bytes
+    os.mkfifo("fifo.npy")
+    os.symlink("/dev/zero", "zero.npy")
+    os.symlink("loop2.npy", "loop.npy")
+    os.symlink("loop.npy", "loop2.npy")
+    os.symlink("/nonexistent/tile.npy", "gone.npy")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind("sock.npy")
+    model = sciformer.load(hsi["run"])
+    cases = {"fifo.npy": "a FIFO", "zero.npy": "a device", "sock.npy": "a socket",
+             "loop.npy": "a link to nothing, or a loop", "gone.npy": "a link to nothing, or a loop"}
+    try:
+        for name, kind in cases.items():
+            with pytest.raises(DataError) as e:
+                model.predict(name)
+            assert str(e.value) == f"{name}: is not a regular file ({kind})"
+            assert main(["predict", "--checkpoint", str(hsi["run"]), "-i", name, "-o", "out.npy"]) == 2
+            assert capsys.readouterr().err.strip().endswith(f"--input '{name}' is not a regular file or folder ({kind})")
+    finally:
+        sock.close()
+    with pytest.raises(DataError, match=r"^absent\.npy: does not exist$"):
+        model.predict("absent.npy")
+    assert not Path("out.npy").exists()

@@ -4,6 +4,7 @@ the ``batch -> logits`` function that evaluation, export and ``sciformer predict
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from sciformer.engine.runtime import apply_threads, pick_device
 from sciformer.engine.weights import load_strict, model_family
 from sciformer.errors import CheckpointError, SciformerError
 from sciformer.frontend import init_from_command, option
+from sciformer.utils.limits import FOLDER, MISSING, REGULAR_FILE, path_kind
 
 RESUME_KEYS = ("optimizer", "scheduler", "epoch", "global_step", "best")
 
@@ -148,6 +150,21 @@ def input_sidecars(path: Path) -> list[Path]:
     return [Path(str(path) + ".hdr"), path.with_suffix(".hdr")]
 
 
+def input_problem(path: Path, *, folders: bool) -> str | None:
+    """Why ``path`` is no input, as the end of a message ("does not exist", "is not a regular
+    file or folder (a FIFO)", "cannot be read (Permission denied)"); None for a readable regular
+    file, or folder where ``folders``. The one check of ``predict --input`` and of the Python
+    API's ``predict(path)``."""
+    kind = path_kind(path)
+    if kind == REGULAR_FILE or (folders and kind == FOLDER):
+        return None if os.access(path, os.R_OK) else f"cannot be read ({os.strerror(errno.EACCES)})"
+    if kind == MISSING:
+        return "does not exist"
+    if kind == FOLDER:
+        return "is a folder; predict takes one file"
+    return f"is not a regular file{' or folder' if folders else ''} ({kind})"
+
+
 def expand_inputs(specs: list[str]) -> list[Path]:
     """Files of ``--input`` values: files, folders (their point/cube files) or quoted globs."""
     import glob
@@ -166,11 +183,8 @@ def expand_inputs(specs: list[str]) -> list[Path]:
             found = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
             if not found:
                 raise SciformerError(f"--input '{spec}' matches no file")
-        elif os.path.lexists(path):  # a FIFO, a device, a socket, a broken or looping link
-            raise SciformerError(f"--input '{spec}' is not a regular file or folder" +
-                                 (" (a link to nothing, or a loop)" if path.is_symlink() else ""))
-        else:
-            raise SciformerError(f"--input '{spec}' does not exist")
+        else:  # missing, a FIFO, a device, a socket, a broken or looping link
+            raise SciformerError(f"--input '{spec}' {input_problem(path, folders=True)}")
         out.extend(found)
     seen: set[Path] = set()
     unique = []

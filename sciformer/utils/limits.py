@@ -1,7 +1,8 @@
 """One guard for every reader: regular files only, and a memory budget checked before allocating.
 
 - :func:`regular_file` refuses FIFOs, devices (``/dev/zero``), sockets and folders before a
-  byte is read, so a reader can neither hang on a pipe nor read an endless device.
+  byte is read, so a reader can neither hang on a pipe nor read an endless device;
+  :func:`path_kind` says in words what such a path is.
 - :func:`check_bytes` refuses an array (or a decompressed member) whose *declared* size
   exceeds the budget, before it is inflated or allocated: a 1 KB compressed file cannot ask
   for gigabytes. The budget is ``SCIFORMER_MAX_ARRAY_BYTES`` (bytes; suffixes K, M, G, T
@@ -97,21 +98,42 @@ def check_shape(shape: tuple[int, ...] | list[int], itemsize: int, where: str, w
     check_bytes(math.prod(dims) * int(itemsize), where, f"{what} of shape {tuple(dims)}")
 
 
+# what a path is, in the words of a message ("is a FIFO"); see path_kind
+REGULAR_FILE, FOLDER, MISSING, DANGLING_LINK = "a regular file", "a folder", "missing", "a link to nothing, or a loop"
+
+
+def path_kind(path: str | os.PathLike[str]) -> str:
+    """What ``path`` is, symlinks followed: :data:`REGULAR_FILE`, :data:`FOLDER`, :data:`MISSING`,
+    :data:`DANGLING_LINK`, ``"a FIFO"``, ``"a device"``, ``"a socket"``, ``"a special file"`` or ``"out of reach (<OS
+    reason>)"`` (e.g. behind a folder without permission). Only the path is looked at, never the file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP) and os.path.islink(path):
+            return DANGLING_LINK
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return MISSING
+        return f"out of reach ({os_reason(exc)})"
+    if stat.S_ISREG(mode):
+        return REGULAR_FILE
+    if stat.S_ISDIR(mode):
+        return FOLDER
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file"
+
+
 def regular_file(path: str | os.PathLike[str], what: str = "file") -> Path:
     """``path`` if it is a regular file (symlinks followed); one-line DataError otherwise."""
     path = Path(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise DataError(f"{path}: {what} not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open {what} ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(mode):
+    kind = path_kind(path)
+    if kind == REGULAR_FILE:
+        return path
+    if kind == MISSING:
+        raise DataError(f"{path}: {what} not found")
+    if kind == FOLDER:
         raise DataError(f"{path}: not a file (a folder); expected a regular {what}")
-    if not stat.S_ISREG(mode):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise DataError(f"{path}: is {kind}; expected a regular {what}")
-    return path
+    raise DataError(f"{path}: is {kind}; expected a regular {what}")
 
 
 # running out of memory or open files is the machine's, not the file's: the CLI words those itself
