@@ -164,7 +164,7 @@ class Predictor:
                 input_path = Path(data)
                 problem = input_problem(input_path, folders=False)  # as predict --input words it
                 if problem is not None:
-                    raise DataError(f"{input_path}: {problem}")
+                    raise DataError(f"{input_path}: {problem}" + ("; predict takes one file" if input_path.is_dir() else ""))
             elif self.kind == "hsi":
                 if features is not None:
                     raise SciformerError("predict: features= goes with a point array; a hyperspectral cube carries its bands")

@@ -272,3 +272,17 @@ def test_a_repeated_no_data_fill_changes_no_other_point(run: Path, scans: Path, 
     clean, out = np.load(tmp_path / "clean.npz"), np.load(tmp_path / "filled.npz")
     np.testing.assert_array_equal(out["probabilities"][:-30], clean["probabilities"])
     assert out["pred"].shape == (6000,) and out["valid"].all()
+
+
+def test_a_folder_entry_that_cannot_be_read_stops_predict_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    """A link to a tile on an unmounted drive was left out of a folder --input unsaid: the rest was
+    predicted and the command exited 0. The inputs are checked before the checkpoint is opened."""
+    tiles = tmp_path / "tiles"
+    tiles.mkdir()
+    np.save(tiles / "a_good.npy", np.zeros((20, 3), np.float32))
+    (tiles / "b_missing.las").symlink_to("/mnt/unmounted/tile_b.las")
+    out = tmp_path / "out"
+    assert main(["predict", "--checkpoint", str(tmp_path / "no_run"), "-i", str(tiles), "-o", f"{out}/", "--format", "npz"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"'{tiles / 'b_missing.las'}' is not a regular file (a link to nothing, or a loop)" in err, err
+    assert not out.exists()

@@ -152,39 +152,59 @@ def input_sidecars(path: Path) -> list[Path]:
 
 def input_problem(path: Path, *, folders: bool) -> str | None:
     """Why ``path`` is no input, as the end of a message ("does not exist", "is not a regular
-    file or folder (a FIFO)", "cannot be read (Permission denied)"); None for a readable regular
-    file, or folder where ``folders``. The one check of ``predict --input`` and of the Python
-    API's ``predict(path)``."""
+    file or folder (a FIFO)", "cannot be read (Permission denied)", "is a folder"); None for a
+    readable regular file, or folder where ``folders``. The one check of ``predict --input``,
+    of each entry of a folder or glob it names, and of the Python API's ``predict(path)``."""
     kind = path_kind(path)
     if kind == REGULAR_FILE or (folders and kind == FOLDER):
         return None if os.access(path, os.R_OK) else f"cannot be read ({os.strerror(errno.EACCES)})"
     if kind == MISSING:
         return "does not exist"
     if kind == FOLDER:
-        return "is a folder; predict takes one file"
+        return "is a folder"
     return f"is not a regular file{' or folder' if folders else ''} ({kind})"
 
 
+def _listed_inputs(spec: str, entries: list[Path]) -> list[Path]:
+    """The inputs among the entries of a folder or glob ``spec``: its regular files. An entry
+    named as an input (an :data:`INPUT_SUFFIXES` suffix) or a regular file that cannot be read
+    (a link to a missing tile, a FIFO, a device, a folder ``x.ply``, no permission) stops the
+    command, naming it, before anything is written: it is never left out of the predictions
+    unsaid. Other entries (sub-folders, ...) are no inputs."""
+    found = []
+    for entry in entries:
+        if path_kind(entry) != REGULAR_FILE and entry.suffix.lower() not in INPUT_SUFFIXES:
+            continue
+        problem = input_problem(entry, folders=False)
+        if problem is not None:
+            raise SciformerError(f"--input '{spec}': '{entry}' {problem}; predict stops rather than leave it out "
+                                 "(move it away, or name the files to predict)")
+        found.append(entry)
+    return found
+
+
 def expand_inputs(specs: list[str]) -> list[Path]:
-    """Files of ``--input`` values: files, folders (their point/cube files) or quoted globs."""
+    """Files of ``--input`` values: files, folders (their point/cube files, see
+    :func:`_listed_inputs`) or quoted globs."""
     import glob
 
     out: list[Path] = []
     for spec in specs:
         path = Path(spec).expanduser()
-        if path.is_file():
-            found = [path]
-        elif path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                           and p.suffix.lower() in INPUT_SUFFIXES)
+        problem = input_problem(path, folders=True)
+        if problem is None and path.is_dir():
+            found = _listed_inputs(spec, sorted(p for p in path.iterdir() if not p.name.startswith(".")
+                                                and p.suffix.lower() in INPUT_SUFFIXES))
             if not found:
                 raise SciformerError(f"--input '{spec}': the folder holds no input file ({', '.join(INPUT_SUFFIXES)})")
-        elif glob.has_magic(spec):
-            found = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+        elif problem is None:
+            found = [path]
+        elif glob.has_magic(spec) and not os.path.lexists(path):
+            found = _listed_inputs(spec, sorted(Path(p) for p in glob.glob(str(path))))
             if not found:
                 raise SciformerError(f"--input '{spec}' matches no file")
-        else:  # missing, a FIFO, a device, a socket, a broken or looping link
-            raise SciformerError(f"--input '{spec}' {input_problem(path, folders=True)}")
+        else:  # missing, a FIFO, a device, a socket, a broken or looping link, no permission
+            raise SciformerError(f"--input '{spec}' {problem}")
         out.extend(found)
     seen: set[Path] = set()
     unique = []

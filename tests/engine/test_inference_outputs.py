@@ -1,13 +1,15 @@
-"""``predict``'s output plan, checked before anything is loaded: never an input file."""
+"""``predict``'s inputs and output plan, checked before anything is loaded: never an input file
+written over, never an input left out unsaid."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from sciformer.engine.inference import plan_outputs
+from sciformer.engine.inference import expand_inputs, plan_outputs
 from sciformer.errors import SciformerError
 
 SUFFIXES = (".npy", ".npz", ".ply")
@@ -77,3 +79,49 @@ def test_files_read_by_their_suffix_pair_with_no_header() -> None:
         assert input_sidecars(Path(name)) == [], name
     assert Path("scene.img.hdr") in input_sidecars(Path("scene.img"))
     assert Path("scene.hdr") in input_sidecars(Path("scene"))
+
+
+_UNREADABLE = {  # an entry named as an input that is no readable regular file -> the kind a message names
+    "link to a tile on an unmounted drive": (lambda p: p.symlink_to("/mnt/unmounted/tile_b.las"), "a link to nothing, or a loop"),
+    "FIFO": (os.mkfifo, "a FIFO"),
+    "/dev/zero link": (lambda p: p.symlink_to("/dev/zero"), "a device"),
+    "folder named like a file": (Path.mkdir, "is a folder"),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNREADABLE))
+def test_an_entry_of_a_folder_or_glob_that_cannot_be_read_stops_the_command(tmp_path: Path, case: str) -> None:
+    """A folder or glob --input left such an entry out with no word and predicted the rest (exit 0),
+    where the same entry alone was a one-line error."""
+    make, kind = _UNREADABLE[case]
+    tiles = tmp_path / "tiles"
+    tiles.mkdir()
+    (tiles / "a_good.npy").write_bytes(b"points")
+    bad = tiles / "b_bad.las"
+    make(bad)
+    assert not bad.is_file()  # oracle: the OS says it is no regular file
+    for spec in (str(tiles), str(tiles / "*")):
+        with pytest.raises(SciformerError) as e:
+            expand_inputs([spec])
+        assert str(e.value).startswith(f"--input '{spec}': '{bad}' ") and kind in str(e.value) and "\n" not in str(e.value)
+    if not bad.is_dir():  # alone: refused too, in the same words (a folder alone is a folder input)
+        with pytest.raises(SciformerError, match=re.escape(f"--input '{bad}' is not a regular file or folder ({kind})")):
+            expand_inputs([str(bad)])
+
+
+def test_an_entry_without_permission_stops_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.npy").write_bytes(b"points")
+    (tmp_path / "b.npy").write_bytes(b"points")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p).name != "b.npy" and real(p, mode))  # as for chmod 000, not root
+    with pytest.raises(SciformerError, match=re.escape(f"'{tmp_path / 'b.npy'}' cannot be read (Permission denied)")):
+        expand_inputs([str(tmp_path)])
+
+
+def test_what_is_no_input_by_its_name_stays_out_of_a_folder_or_glob(tmp_path: Path) -> None:
+    (tmp_path / "a.npy").write_bytes(b"points")
+    (tmp_path / "notes.md").write_text("a glob takes it; its reader then names it")
+    (tmp_path / "sub").mkdir()  # a sub-folder: no input
+    (tmp_path / ".hidden.las").symlink_to("/mnt/unmounted/x.las")  # hidden: no input of a folder
+    assert expand_inputs([str(tmp_path)]) == [tmp_path / "a.npy"]
+    assert expand_inputs([str(tmp_path / "*")]) == [tmp_path / "a.npy", tmp_path / "notes.md"]
