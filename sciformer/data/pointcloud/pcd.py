@@ -8,6 +8,7 @@ from typing import BinaryIO
 import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData, fail, from_named_columns
+from sciformer.errors import DataError
 from sciformer.utils.limits import check_bytes
 
 _PCD_TYPES = {("F", 4), ("F", 8), *((t, s) for t in "IU" for s in (1, 2, 4, 8))}
@@ -72,6 +73,20 @@ def read_pcd_header(fh: BinaryIO, max_lines: int = 200) -> dict[str, list[str]] 
     return None
 
 
+def _ascii_word_error(path: Path, body_start: int) -> DataError:
+    """The error for an ascii PCD body holding a word that is not a number: its file line."""
+    with open(path, "rb") as fh:
+        lineno = fh.read(body_start).count(b"\n")
+        for raw in fh:
+            lineno += 1
+            for word in raw.decode("ascii", errors="replace").split():
+                try:
+                    float(word)
+                except ValueError:
+                    return fail(f"{path}:{lineno}", f"ascii PCD value {word[:40]!r} is not a number")
+    return fail(path, "ascii PCD data holds a value that is not a number")
+
+
 def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
     """Read a PCD file; organised clouds' NaN holes are dropped unless ``keep_invalid``
     (then every point stays, in file order, and the caller masks the holes)."""
@@ -79,6 +94,7 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
         header = read_pcd_header(fh)
         if header is None:
             raise fail(path, "PCD header has no DATA line")
+        body_start = fh.tell()
         body = fh.read()
     try:
         fields = header["FIELDS"]
@@ -103,6 +119,7 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
     named = [f for f in fields if f != "_"]  # '_' pads records, possibly several times
     if len(set(named)) != len(named):
         raise fail(path, f"PCD header repeats a field name ({' '.join(fields)[:80]})")
+    fields = [f if f != "_" else f" _{i}" for i, f in enumerate(fields)]  # one unique name per pad (no name has a space)
     for t, size in zip(types, sizes, strict=True):
         if (t.upper(), size) not in _PCD_TYPES:
             raise fail(path, f"unsupported PCD TYPE/SIZE {t}/{size}; expected F 4/8, I or U 1/2/4/8")
@@ -117,7 +134,10 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
         width = sum(counts)
         if len(text) < width * npoints:
             raise fail(path, f"truncated PCD: {len(text)} values for {npoints} points of {width}")
-        table = np.asarray(text[: width * npoints], dtype=np.float64).reshape(npoints, width)  # (n, width)
+        try:
+            table = np.asarray(text[: width * npoints], dtype=np.float64).reshape(npoints, width)  # (n, width)
+        except ValueError:
+            raise _ascii_word_error(path, body_start) from None
         col = 0
         for name, dt, c in zip(fields, dtypes, counts, strict=True):
             values = table[:, col : col + c]
@@ -159,7 +179,7 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
             columns["red"] = ((packed >> 16) & 255).astype(np.uint8)
             columns["green"] = ((packed >> 8) & 255).astype(np.uint8)
             columns["blue"] = (packed & 255).astype(np.uint8)
-    columns.pop("_", None)
+    columns = {k: v for k, v in columns.items() if not k.startswith(" _")}  # the padding
     columns = {k: v for k, v in columns.items() if v.ndim == 1}  # per-point scalars only
     out = from_named_columns(path, columns)
     keep = np.all(np.isfinite(out["coord"]), axis=1)  # organised clouds mark holes with NaN

@@ -106,3 +106,31 @@ def test_pcd_points_disagreeing_with_width_height(tmp_path: Path, one_line_error
     with pytest.raises(DataError) as e:
         read_point_file(tmp_path / "m.pcd")
     one_line_error(e, "m.pcd", "WIDTH x HEIGHT = 5 but POINTS 4")
+
+
+def _small_pcd(fields: str, sizes: str, types: str, mode: str, n: int) -> bytes:
+    count = " ".join("1" for _ in fields.split())
+    return (f"# .PCD v0.7\nVERSION 0.7\nFIELDS {fields}\nSIZE {sizes}\nTYPE {types}\nCOUNT {count}\n"
+            f"WIDTH {n}\nHEIGHT 1\nVIEWPOINT 0 0 0 1 0 0 0\nPOINTS {n}\nDATA {mode}\n").encode()
+
+
+def test_pcd_binary_with_several_padding_fields(tmp_path: Path) -> None:
+    """'_' may pad a record several times (PCL writes one per padded slot): the named fields
+    are read at their offsets, the padding skipped."""
+    rows = [(1.5, -2.0, 3.25, 7), (4.0, 5.5, -6.0, 2)]
+    body = b"".join(struct.pack("<fff4sf2sH", x, y, z, b"\xff" * 4, 9.0, b"\xee" * 2, lab)
+                    for x, y, z, lab in rows)
+    head = _small_pcd("x y z _ _ _ label", "4 4 4 4 4 2 2", "F F F F F U U", "binary", 2)
+    (tmp_path / "pad.pcd").write_bytes(head + body)
+    data = read_point_file(tmp_path / "pad.pcd")
+    np.testing.assert_array_equal(data["coord"], [r[:3] for r in rows])
+    np.testing.assert_array_equal(data["label"], [7, 2])
+    assert not any(k.strip().startswith("_") for k in data)
+
+
+def test_pcd_ascii_word_names_file_and_line(tmp_path: Path, one_line_error) -> None:
+    head = _small_pcd("x y z", "4 4 4", "F F F", "ascii", 3)  # 11 header lines
+    (tmp_path / "w.pcd").write_bytes(head + b"0 0 0\n1 abc 1\n2 2 2\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "w.pcd")
+    one_line_error(e, "w.pcd:13", "'abc'", "not a number")
