@@ -85,6 +85,24 @@ def numeric(path: Path | str, values: np.ndarray, what: str) -> np.ndarray:
     return values
 
 
+def cast_text_values(path: Path | str, values: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """Numbers parsed from text (float64) as the file's declared ``dtype``; an integer field's
+    value that is not an integer or does not fit the type (label -5 or 300 in an unsigned byte,
+    1e23 in any) is a one-line DataError naming ``what`` and the first such value, never a wrap."""
+    values = np.asarray(values, dtype=np.float64)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu" and values.size:
+        info = np.iinfo(dtype)
+        with np.errstate(invalid="ignore"):  # NaN compares False: caught as not an integer
+            bad = ~((values == np.round(values)) & (values >= float(info.min)) & (values < float(info.max) + 1.0))  # exact at 2**64 too
+        if bad.any():
+            first = values[bad].flat[0]
+            raise fail(path, f"{what} holds {first:g}, which is not a value of its type {dtype.name} "
+                             f"(integers {info.min}..{info.max})")
+    with np.errstate(over="ignore"):  # beyond float32: inf, masked downstream as an invalid point
+        return values.astype(dtype)
+
+
 def check_labels(path: Path | str, values: np.ndarray, what: str = "labels") -> np.ndarray:
     """Labels as int64: finite, integer-valued and plausible class ids (-1 .. MAX_CLASS_ID)."""
     values = np.asarray(values)

@@ -7,7 +7,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from sciformer.data.pointcloud.fields import PointData, fail, from_named_columns
+from sciformer.data.pointcloud.fields import PointData, cast_text_values, fail, from_named_columns
 from sciformer.errors import DataError
 from sciformer.utils.limits import check_bytes
 
@@ -140,10 +140,10 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
             raise _ascii_word_error(path, body_start) from None
         col = 0
         for name, dt, c in zip(fields, dtypes, counts, strict=True):
-            values = table[:, col : col + c]
-            if name in ("rgb", "rgba"):
-                values = values.astype(np.float32) if dt.kind == "f" else values.astype(np.uint32)
-            columns[name] = values.astype(dt)[:, 0] if c == 1 else values.astype(dt)
+            if name in ("rgb", "rgba"):  # packed colour: 4 bytes, viewed as uint32 below
+                dt = np.dtype(np.float32 if dt.kind == "f" else np.uint32)
+            values = cast_text_values(path, table[:, col : col + c], dt, f"field '{name}'")  # (n, c)
+            columns[name] = values[:, 0] if c == 1 else values
             col += c
     elif mode == "binary":
         dtype = np.dtype([(name, dt, (c,)) if c > 1 else (name, dt) for name, dt, c in zip(fields, dtypes, counts, strict=True)])

@@ -16,6 +16,7 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import (
     PointData,
+    cast_text_values,
     fail,
     from_named_columns,
     triangulate,
@@ -146,7 +147,8 @@ def _ply_read_ascii(path: Path, fh: Any, elements: list[dict[str, Any]]) -> dict
                 raise fail(path, f"malformed '{el['name']}' line in ascii PLY ({exc})") from exc
             if table.shape[1] < len(props):
                 raise fail(path, f"'{el['name']}' lines have {table.shape[1]} values, expected {len(props)}")
-            out[el["name"]] = {name: table[:, i].astype(t) for i, (name, t) in enumerate(props)}
+            out[el["name"]] = {name: cast_text_values(path, table[:, i], np.dtype(t), f"property '{name}'")
+                               for i, (name, t) in enumerate(props)}
         elif el["name"] == "face":
             try:
                 faces = [[int(v) for v in ln.split()[1 : 1 + int(ln.split()[0])]] for ln in block]

@@ -134,3 +134,20 @@ def test_pcd_ascii_word_names_file_and_line(tmp_path: Path, one_line_error) -> N
     with pytest.raises(DataError) as e:
         read_point_file(tmp_path / "w.pcd")
     one_line_error(e, "w.pcd:13", "'abc'", "not a number")
+
+
+@pytest.mark.parametrize(("size", "value"), [(1, "-5"), (1, "300"), (4, "1e20"), (2, "2.5"), (4, "nan")])
+def test_pcd_ascii_integer_outside_its_type_refused(tmp_path: Path, one_line_error, size: int, value: str) -> None:
+    """An ascii value that is no value of its field's integer type is refused, never wrapped
+    (label -5 in U 1 read as 251, 300 as 44, 1e20 in U 4 as 0)."""
+    head = _small_pcd("x y z label", f"4 4 4 {size}", "F F F U", "ascii", 3)
+    (tmp_path / "l.pcd").write_bytes(head + f"0 0 0 1\n1 1 1 {value}\n2 2 2 1\n".encode())
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "l.pcd")
+    one_line_error(e, "l.pcd", "field 'label'", f"holds {float(value):g}")
+
+
+def test_pcd_ascii_integer_type_limits_read_exactly(tmp_path: Path) -> None:
+    head = _small_pcd("x y z label", "4 4 4 1", "F F F U", "ascii", 2)
+    (tmp_path / "ok.pcd").write_bytes(head + b"0 0 0 0\n1 1 1 255\n")
+    assert read_point_file(tmp_path / "ok.pcd")["label"].tolist() == [0, 255]

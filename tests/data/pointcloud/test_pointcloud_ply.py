@@ -99,3 +99,17 @@ def test_ply_bad_files(tmp_path: Path, one_line_error) -> None:
     with pytest.raises(DataError) as e:
         read_point_file(tmp_path / "e.ply")
     one_line_error(e, "e.ply", "empty point cloud")
+
+
+@pytest.mark.parametrize("value", ["-5", "300", "1e23", "1.5"])
+def test_ply_ascii_integer_outside_its_type_refused(tmp_path: Path, one_line_error, value: str) -> None:
+    """An ascii value that is no value of its property's type is refused, never wrapped
+    (uchar label -5, 300, 1e23 read as 251, 44, 0)."""
+    head = ("ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\n"
+            "property float z\nproperty uchar label\nend_header\n")
+    (tmp_path / "l.ply").write_text(head + f"0 0 0 255\n1 0 0 {value}\n0 1 0 0\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "l.ply")
+    one_line_error(e, "l.ply", "property 'label'", f"holds {float(value):g}", "uint8")
+    (tmp_path / "l.ply").write_text(head + "0 0 0 255\n1 0 0 7\n0 1 0 0\n")
+    assert read_point_file(tmp_path / "l.ply")["label"].tolist() == [255, 7, 0]
