@@ -131,6 +131,18 @@ def check_points(path: Path | str, data: PointData) -> PointData:
     return data
 
 
+def face_indices(path: Path | str, kind: str, line: str) -> list[int]:
+    """The vertex indices of a text face line ``n i1 ... in [extra values]`` (OFF, ascii PLY);
+    a line with fewer than ``n`` indices is a one-line DataError (a count of 99999999999 before
+    three indices is no triangle). Non-integer words raise ValueError for the caller to wrap."""
+    words = line.split()
+    count = int(words[0]) if words else 0
+    if count > len(words) - 1:
+        raise fail(path, f"{kind} face line {line[:60]!r} lists {str(count)[:24]} vertices but holds "
+                         f"{len(words) - 1} indices")
+    return [int(w) for w in words[1 : 1 + count]]
+
+
 def triangulate(path: Path | str, faces: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
     """Polygons (any sizes) to triangles by fans around each first vertex."""
     if isinstance(faces, np.ndarray):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.pointcloud.fields import fail, triangulate
+from sciformer.data.pointcloud.fields import face_indices, fail, triangulate
 from sciformer.errors import DataError
 from sciformer.utils.limits import read_errors
 
@@ -54,16 +54,16 @@ def read_off(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
         raise fail(path, "OFF vertex lines need 3 coordinates")
     faces: np.ndarray
     try:
-        flat = np.array(" ".join(flines).split(), dtype=np.int64)
+        try:
+            flat = np.array(" ".join(flines).split(), dtype=np.int64)
+        except OverflowError:  # a count or index beyond int64: read line by line, refused below
+            flat = np.zeros(0, dtype=np.int64)
         if flat.size == 4 * nf and np.all(flat[::4] == 3):
             faces = flat.reshape(nf, 4)[:, 1:]  # (m, 3)
         else:
-            polys = []
-            for ln in flines:
-                tok = ln.split()
-                k = int(tok[0])
-                polys.append([int(t) for t in tok[1 : 1 + k]])
-            faces = triangulate(path, polys)
+            faces = triangulate(path, [face_indices(path, "OFF", ln) for ln in flines])
+    except DataError:
+        raise
     except ValueError as exc:
         raise fail(path, f"malformed OFF face line ({exc})") from exc
     if faces.size and (faces.min() < 0 or faces.max() >= nv):

@@ -17,6 +17,7 @@ import numpy as np
 from sciformer.data.pointcloud.fields import (
     PointData,
     cast_text_values,
+    face_indices,
     fail,
     from_named_columns,
     triangulate,
@@ -151,7 +152,9 @@ def _ply_read_ascii(path: Path, fh: Any, elements: list[dict[str, Any]]) -> dict
                                for i, (name, t) in enumerate(props)}
         elif el["name"] == "face":
             try:
-                faces = [[int(v) for v in ln.split()[1 : 1 + int(ln.split()[0])]] for ln in block]
+                faces = [face_indices(path, "PLY", ln) for ln in block]
+            except DataError:
+                raise
             except ValueError as exc:
                 raise fail(path, f"malformed 'face' line in ascii PLY ({exc}); expected 'n i1 ... in'") from exc
             out["face"] = faces

@@ -42,6 +42,23 @@ def test_off_bad_files(tmp_path: Path, one_line_error) -> None:
     one_line_error(e, "c.off", "not an OFF")
 
 
+@pytest.mark.parametrize(("face", "needle"), [
+    ("99999999999999999999999 0 1 2", "lists 99999999999999999999999 vertices but holds 3 indices"),
+    ("99999999999 0 1 2", "lists 99999999999 vertices but holds 3 indices"),
+    ("4 0 1 2", "lists 4 vertices but holds 3 indices"),
+    ("3 0 1 99999999999999999999999", "beyond int64"),
+])
+def test_off_face_count_disagreeing_with_indices(tmp_path: Path, one_line_error, face: str, needle: str) -> None:
+    """A face whose vertex count is not its indices' (or beyond int64) is refused in one line
+    (a count beyond int64 ended in an OverflowError traceback; 99999999999 read as a triangle)."""
+    (tmp_path / "k.off").write_text(f"OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n{face}\n")
+    with pytest.raises(DataError) as e:
+        read_off(tmp_path / "k.off")
+    one_line_error(e, "k.off", needle)
+    (tmp_path / "ok.off").write_text("OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 2 255 0 0\n")  # colour after: kept
+    assert read_off(tmp_path / "ok.off")[1].tolist() == [[0, 1, 2]]
+
+
 def test_real_modelnet_off_meshes(fakes) -> None:
     folder = fakes.real_path("modelnet10_off", "bathtub")
     for name, (nv, nf) in BATHTUB_COUNTS.items():

@@ -113,3 +113,13 @@ def test_ply_ascii_integer_outside_its_type_refused(tmp_path: Path, one_line_err
     one_line_error(e, "l.ply", "property 'label'", f"holds {float(value):g}", "uint8")
     (tmp_path / "l.ply").write_text(head + "0 0 0 255\n1 0 0 7\n0 1 0 0\n")
     assert read_point_file(tmp_path / "l.ply")["label"].tolist() == [255, 7, 0]
+
+
+def test_ply_ascii_face_count_disagreeing_with_indices(tmp_path: Path, one_line_error) -> None:
+    """A face line whose count is not its indices' is refused (it was read as a triangle)."""
+    head = ("ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
+            "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n0 1 0\n")
+    (tmp_path / "k.ply").write_text(head + "999999999999999999999 0 1 2\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "k.ply")
+    one_line_error(e, "k.ply", "lists 999999999999999999999 vertices but holds 3 indices")
