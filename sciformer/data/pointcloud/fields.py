@@ -14,6 +14,10 @@ from sciformer.errors import DataError
 from sciformer.utils.limits import MAX_CLASS_ID
 
 PointData = dict[str, np.ndarray]
+# The largest coordinate a model computes with (about 4.6e18): the squared distance between
+# two such points (and a norm of a centred one) stays finite in float32, as do the differences,
+# heights and relative positions taken of it.
+COORD_LIMIT = float(np.finfo(np.float32).max) ** 0.5 / 4
 _LABEL_NAMES = ("label", "labels", "class", "classification", "scalar_label", "scalar_classification",
                 "semantic", "segment", "seg", "category_id")
 _INTENSITY_NAMES = ("intensity", "scalar_intensity", "i", "reflectance")
@@ -118,6 +122,19 @@ def check_labels(path: Path | str, values: np.ndarray, what: str = "labels") -> 
         if low < -1 or high > MAX_CLASS_ID:
             raise fail(path, f"{what}: label ids {low:g}..{high:g} are not plausible class ids (expected 0..{MAX_CLASS_ID})")
     return values.astype(np.int64)
+
+
+def usable_coords(coord: np.ndarray) -> np.ndarray:
+    """(n,) bool: every coordinate within +-:data:`COORD_LIMIT` (False for NaN and Inf).
+
+    The others are no-data points: a cloud spread over +-3e38 (finite float32) or a float64
+    value past float32 would leave float32's range in the centring, heights and distances
+    made of it.
+
+    Shapes: coord (n, 3) -> (n,).
+    """
+    with np.errstate(invalid="ignore"):
+        return np.all(np.abs(np.asarray(coord, dtype=np.float64)) <= COORD_LIMIT, axis=1)
 
 
 def check_points(path: Path | str, data: PointData) -> PointData:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from sciformer.data.pointcloud.cache import cache_key, load_arrays, save_arrays_atomic
+from sciformer.data.pointcloud.fields import usable_coords
 from sciformer.errors import DataError
 from sciformer.geometry import knn
 
@@ -150,9 +151,9 @@ def cached_geometric_features(coord: np.ndarray, cache_root: Path, *identity: An
 
 def features_as_recorded(coord: np.ndarray, recorded: dict[str, object], usable: np.ndarray | None = None) -> np.ndarray:
     """Geometric features of a file's points as a checkpoint recorded them (:func:`geometric_state`):
-    computed over the ``usable`` points (default: those whose coordinates are finite in
-    float32, the rule every reader uses; a dataset that also drops points with an invalid
-    feature passes its own mask, so that prediction sees the neighbourhoods training saw),
+    computed over the ``usable`` points (default: those whose coordinates are in the model's
+    range, :func:`~sciformer.data.pointcloud.fields.usable_coords`, the rule prediction uses;
+    a dataset that also drops points with an invalid feature passes its own mask, so that prediction sees the neighbourhoods training saw),
     0 for the others. A checkpoint of another :data:`VERSION` is a
     one-line DataError.
 
@@ -165,8 +166,7 @@ def features_as_recorded(coord: np.ndarray, recorded: dict[str, object], usable:
     cells = [float(c) for c in recorded["cells"]]  # type: ignore[union-attr]
     coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
     if usable is None:
-        with np.errstate(invalid="ignore"):
-            usable = np.all(np.abs(coord) <= float(np.finfo(np.float32).max), axis=1)  # (n,) False for NaN / Inf
+        usable = usable_coords(coord)  # (n,) False for NaN / Inf
     out = np.zeros((len(coord), channels(scales, cells)), dtype=np.float32)  # (n, F)
     if usable.any():
         out[usable] = geometric_features(coord[usable], scales, cells)

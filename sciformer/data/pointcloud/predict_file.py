@@ -19,6 +19,7 @@ import numpy as np
 from sciformer.contracts import PredictFn, PredictOptions
 from sciformer.data.pointcloud.chunking import grid_parts, predict_chunked, tta_views
 from sciformer.data.pointcloud.export import PointPrediction
+from sciformer.data.pointcloud.fields import COORD_LIMIT, usable_coords
 from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.sample import assemble_features
 from sciformer.data.transforms import CenterShift, Compose, Sample, index_points
@@ -52,14 +53,15 @@ def require_features(path: Path, data: dict[str, Any], features: Sequence[str], 
 
 
 def valid_points(sample: Sample, features: Sequence[str] = ()) -> np.ndarray:
-    """(n,) bool: coordinates and values of every feature used finite in float32 (the model's dtype).
+    """(n,) bool: coordinates within the model's range (:func:`usable_coords`) and values of every
+    feature used finite in float32 (the model's dtype).
 
     A float64 value beyond float32's range (e.g. 1e300) would become inf in the model's input.
     """
     limit = float(np.finfo(np.float32).max)
     coord = np.asarray(sample["coord"])  # (n, 3)
+    ok = usable_coords(coord)  # False for NaN and Inf
     with np.errstate(invalid="ignore"):
-        ok = np.all(np.abs(coord) <= limit, axis=1)  # False for NaN and Inf
         for name in features:
             value = sample.get(name)
             if name in _FEATURE_FIELDS and value is not None:
@@ -101,8 +103,9 @@ def predict_cloud(
     valid = valid_points(sample, features)
     probs = np.zeros((n, num_classes), dtype=np.float32)  # (n, C)
     if not valid.any():  # still an output row per point, but say so: a finished-looking file of nothing
-        print(f"note: none of the {n} points has finite coordinates{' and features' if features else ''} within float32's "
-              "range; every point is written unclassified (valid = 0)", file=sys.stderr)
+        print(f"note: none of the {n} points has finite coordinates within +-{COORD_LIMIT:.2g}"
+              f"{' and features within float32' if features else ''}'s range; every point is written unclassified "
+              "(valid = 0)", file=sys.stderr)
         return PointPrediction(probs, valid, list(class_names))
     rows = np.flatnonzero(valid)
     cloud = index_points(sample, rows) if len(rows) < n else dict(sample)

@@ -8,22 +8,52 @@ from sciformer.contracts import PredictOptions
 from sciformer.data.pointcloud.predict_file import predict_cloud, valid_points
 
 
-def test_valid_points_are_finite_in_float32() -> None:
-    """A float64 coordinate or feature beyond float32's range becomes inf in the model's input:
-    such points are no-data rows (1e300 once stopped the whole file with a non-finite query)."""
-    coord = np.zeros((6, 3))
+def test_valid_points_are_within_the_models_range() -> None:
+    """A float64 coordinate or feature beyond float32's range becomes inf in the model's input,
+    and a coordinate whose squared distance to its mirror point leaves float32 overflows the
+    distances and norms made of it: such points are no-data rows (1e300 once stopped the whole file with a non-finite query)."""
+    coord = np.zeros((7, 3))
     coord[1, 0] = np.nan
     coord[2, 1] = np.inf
     coord[3, 2] = 1e300
-    coord[4, 0] = -3.0e38  # within float32
-    intensity = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1e39])
+    coord[4, 0] = -4.0e18  # squared distances to its mirror point stay within float32
+    coord[6, 1] = -3.0e38  # finite in float32, but its square is not
+    intensity = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1e39, 0.0])
     ok = valid_points({"coord": coord, "intensity": intensity}, ["intensity"])
-    f32 = np.abs(np.concatenate([coord, intensity[:, None]], axis=1)) <= np.finfo(np.float32).max  # oracle
-    np.testing.assert_array_equal(ok, f32.all(axis=1))
-    np.testing.assert_array_equal(ok, [True, False, False, False, True, False])
+    f32 = float(np.finfo(np.float32).max)
+    with np.errstate(over="ignore", invalid="ignore"):
+        oracle = np.all(3 * (2 * coord) ** 2 <= f32, axis=1) & (np.abs(intensity) <= f32)  # squared span of 3 axes
+    np.testing.assert_array_equal(ok, oracle)
+    np.testing.assert_array_equal(ok, [True, False, False, False, True, False, False])
     # a feature the model does not use does not invalidate a point
     np.testing.assert_array_equal(valid_points({"coord": coord, "intensity": intensity}, []),
-                                  [True, False, False, False, True, True])
+                                  [True, False, False, False, True, True, False])
+
+
+def test_points_near_float32s_limit_are_no_data_rows() -> None:
+    """A cloud with points spread over +-3e38 (finite float32): those points get the no-data
+    row and the model sees finite inputs only, without a numpy warning (they once overflowed
+    the centring into inf and stopped the file with 'query has 41 rows with non-finite ...')."""
+    import warnings
+
+    import torch
+
+    rng = np.random.default_rng(0)
+    coord = rng.uniform(-1.0, 1.0, (300, 3))  # (n, 3)
+    far = rng.choice(300, 40, replace=False)
+    coord[far] = rng.uniform(-3e38, 3e38, (40, 3)).astype(np.float32)
+
+    def model(batch, *args, **kwargs):
+        assert torch.isfinite(batch["coord"]).all() and torch.isfinite(batch["feat"]).all()
+        return torch.zeros(batch["coord"].shape[0], 2)  # (N, C)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = predict_cloud(model, {"coord": coord}, class_names=["a", "b"], features=["coord"], options=PredictOptions(),
+                            grid_size=0.1, max_points=1000, part_z="min", transform=None, batch_size=2)
+    expected = np.ones(300, dtype=bool)
+    expected[far] = False
+    np.testing.assert_array_equal(out.valid, expected)
 
 
 def test_a_cloud_without_a_usable_point_gets_a_row_per_point_and_a_note(capsys) -> None:
