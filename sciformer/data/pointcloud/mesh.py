@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sciformer.data.pointcloud.fields import face_indices, fail, triangulate
+from sciformer.data.pointcloud.fields import COORD_LIMIT, face_indices, fail, triangulate
 from sciformer.errors import DataError
 from sciformer.utils.limits import read_errors
 
@@ -78,33 +78,43 @@ def sample_mesh_surface(
     seed: int | np.random.Generator | None = None,
     *,
     return_normals: bool = False,
+    source: str | os.PathLike[str] | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Sample ``n`` points uniformly on a triangle mesh's surface (area-weighted).
 
     A triangle is drawn with probability proportional to its area, then a point
     uniformly inside it (``sqrt`` barycentric trick). With ``return_normals`` also
-    returns each point's unit face normal.
+    returns each point's unit face normal. Errors start with ``source`` (the mesh's file)
+    when given. A face's vertex beyond +-:data:`~sciformer.data.pointcloud.fields.COORD_LIMIT`
+    is refused: its area and the samples' norms would overflow.
 
     Shapes: vertices (v, 3), faces (m, 3) int -> points (n, 3) float32
     [, normals (n, 3) float32].
     """
+    where = "sample_mesh_surface" if source is None else str(source)
     vertices = np.asarray(vertices, dtype=np.float64)
     faces = np.asarray(faces, dtype=np.int64)
     if vertices.ndim != 2 or vertices.shape[1] != 3:
-        raise DataError(f"sample_mesh_surface: vertices have shape {vertices.shape}, expected (v, 3)")
+        raise DataError(f"{where}: vertices have shape {vertices.shape}, expected (v, 3)")
     if faces.ndim != 2 or faces.shape[1] != 3 or faces.shape[0] == 0:
-        raise DataError(f"sample_mesh_surface: faces have shape {faces.shape}, expected (m, 3) with m > 0")
+        raise DataError(f"{where}: faces have shape {faces.shape}, expected (m, 3) with m > 0")
     if faces.min() < 0 or faces.max() >= len(vertices):
-        raise DataError(f"sample_mesh_surface: face index out of range 0..{len(vertices) - 1}")
+        raise DataError(f"{where}: face index out of range 0..{len(vertices) - 1}")
     if n <= 0:
-        raise DataError(f"sample_mesh_surface: n must be positive, got {n}")
+        raise DataError(f"{where}: n must be positive, got {n}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     a, b, c = (vertices[faces[:, i]] for i in range(3))  # each (m, 3)
+    reach = max(float(np.abs(v).max()) for v in (a, b, c))  # NaN when a face has a NaN vertex
+    if not np.isfinite(reach):
+        raise DataError(f"{where}: mesh has non-finite vertex coordinates")
+    if reach > COORD_LIMIT:
+        raise DataError(f"{where}: mesh vertex coordinates reach {reach:.3g}, beyond +-{COORD_LIMIT:.2g}; "
+                        "its surface area and sampled points would overflow")
     cross = np.cross(b - a, c - a)  # (m, 3)
     area = 0.5 * np.linalg.norm(cross, axis=1)  # (m,)
     total = area.sum()
-    if not np.isfinite(total) or total <= 0:
-        raise DataError("sample_mesh_surface: mesh has zero surface area")
+    if not total > 0:
+        raise DataError(f"{where}: mesh has zero surface area")
     tri = rng.choice(len(faces), size=n, p=area / total)  # (n,)
     r1 = np.sqrt(rng.random(n))[:, None]  # (n, 1)
     r2 = rng.random(n)[:, None]  # (n, 1)

@@ -210,7 +210,8 @@ def predict_modelnet_file(
     class_names = [str(n) for n in state_value(state, "class_names", "modelnet")]
     data = read_point_file(input_path, options.columns)
     if "faces" in data and len(data["faces"]):
-        coord, normal = sample_mesh_surface(data["coord"], data["faces"], num_points, seed=0, return_normals=True)
+        coord, normal = sample_mesh_surface(data["coord"], data["faces"], num_points, seed=0, return_normals=True,
+                                            source=input_path)
         sample: Sample = {"coord": coord, "normal": normal}
     else:
         sample = shape_points({k: v for k, v in data.items() if k in ("coord", "normal")}, num_points)

@@ -175,7 +175,8 @@ def load_off_layout(root: Path, num_points: int, seed: int, cache_dir: Path) -> 
             nrm = np.empty((len(files), num_points, 3), dtype=np.float32)  # (S, P, 3)
             for j, (_, path) in enumerate(progress(files, f"ModelNet {split} meshes")):
                 vertices, faces = read_off(path)
-                p, n = sample_mesh_surface(vertices, faces, num_points, np.random.default_rng([seed, j]), return_normals=True)
+                p, n = sample_mesh_surface(vertices, faces, num_points, np.random.default_rng([seed, j]),
+                                           return_normals=True, source=path)
                 p = p - p.mean(axis=0)
                 pts[j] = p / max(float(np.linalg.norm(p, axis=1).max()), 1e-12)
                 nrm[j] = n

@@ -88,3 +88,22 @@ def test_sample_mesh_surface_area_weighted(fakes, one_line_error) -> None:
     with pytest.raises(DataError) as e:
         sample_mesh_surface(np.zeros((3, 3)), np.array([[0, 1, 2]]), 10)
     one_line_error(e, "zero surface area")
+
+
+@pytest.mark.parametrize("big", [1e308, 3e38])
+def test_sample_mesh_surface_refuses_coordinates_that_overflow(tmp_path: Path, one_line_error, big: float) -> None:
+    """Finite vertices too large for the area and the samples are one line naming the file and
+    the cause, with no numpy warning (1e308 once printed ~10 RuntimeWarnings, then said the
+    mesh had zero surface area: its area had overflowed)."""
+    import warnings
+
+    (tmp_path / "huge.off").write_text(f"OFF\n4 4 0\n{big!r} 0 0\n{-big!r} 0 0\n0 {big!r} 0\n0 0 1\n"
+                                       "3 0 1 2\n3 0 1 3\n3 0 2 3\n3 1 2 3\n")
+    vertices, faces = read_off(tmp_path / "huge.off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError) as e:
+            sample_mesh_surface(vertices, faces, 100, seed=0, source=tmp_path / "huge.off")
+    one_line_error(e, "huge.off", f"reach {big:.3g}", "overflow")
+    ok = sample_mesh_surface(vertices / big, faces, 100, seed=0, source=tmp_path / "huge.off")  # same shape, scaled
+    assert np.isfinite(ok).all()
