@@ -9,6 +9,9 @@
   accepted), 4 GiB by default.
 - :func:`read_errors` turns an operating-system error met while reading a file (EIO, no
   permission) into one DataError naming the file and the OS reason.
+- :func:`check_npy` / :func:`npy_header` read a .npy header before numpy loads the file: a file
+  without NumPy's magic is "not a .npy file" and an array of Python objects is refused (numpy
+  calls both pickled data and suggests unpickling).
 - :func:`check_finite_coords` refuses coordinates that are, or would overflow to, inf/NaN.
 """
 
@@ -21,6 +24,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from sciformer.errors import DataError
 
@@ -189,24 +193,48 @@ def check_hdf5_dataset(ds: object, where: str) -> None:
         check_inflation(math.prod(int(d) for d in shape) * itemsize, int(ds.id.get_storage_size()), where)  # type: ignore[attr-defined]
 
 
+def npy_header(handle: BinaryIO, where: str) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype from the .npy header at ``handle``'s position (its magic first): a file
+    without the NumPy magic, a damaged header, or an array of Python objects (pickled data,
+    never loaded) is a one-line DataError naming ``where``."""
+    import numpy as np
+
+    head = handle.read(8)
+    if head[:6] != b"\x93NUMPY" or len(head) < 8:
+        raise DataError(f"{where}: not a .npy file (no NumPy header)")
+    read_header = np.lib.format.read_array_header_1_0 if head[6:8] == b"\x01\x00" else np.lib.format.read_array_header_2_0
+    try:
+        shape, _, dtype = read_header(handle)
+    except Exception as exc:  # noqa: BLE001 - numpy reports a damaged header as ValueError, SyntaxError, EOFError, ...
+        raise DataError(f"{where}: not a readable .npy file (damaged header; {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:120]})") from None
+    if dtype.hasobject:
+        raise DataError(f"{where}: the array holds Python objects (dtype {str(dtype)[:60]}), which are refused: "
+                        "only numeric arrays are read, and pickled data is never loaded")
+    return tuple(int(s) for s in shape), dtype
+
+
+def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype of the .npy file ``path`` from its header (see :func:`npy_header`)."""
+    with open(path, "rb") as handle:
+        return npy_header(handle, str(path))
+
+
 def npz_members(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], object, int | None]]:
     """Shape, dtype and compressed size (None if stored) of each .npy member of an .npz, from the
     member headers only; each checked against the budget before anything is inflated."""
     import zipfile
 
-    import numpy as np
 
     out: dict[str, tuple[tuple[int, ...], object, int | None]] = {}
     with zipfile.ZipFile(path) as archive:
         for member in archive.infolist():
             if not member.filename.endswith(".npy"):
                 continue
-            with archive.open(member) as handle:
-                version = np.lib.format.read_magic(handle)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read_header(handle)
-            stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
             where = f"{path} [{member.filename[:-4]}]"
+            with archive.open(member) as handle:
+                shape, dtype = npy_header(handle, where)
+            stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
             nbytes = math.prod(int(s) for s in shape) * int(dtype.itemsize)
             check_inflation(nbytes, stored, where) if stored is not None else check_bytes(nbytes, where)
             out[member.filename[:-4]] = (tuple(int(s) for s in shape), dtype, stored)

@@ -287,7 +287,7 @@ def _(d: Path, t: Trained) -> list[str]:
     return _scene_case(d, "cube.npy", label_path="gt.npy")
 
 
-@case("hsi-npy-pickled-object", "cube.npy", "not a readable .npy")
+@case("hsi-npy-pickled-object", "cube.npy", "holds Python objects")
 def _(d: Path, t: Trained) -> list[str]:
     np.save(d / "cube.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     return _scene_case(d, "cube.npy")

@@ -54,3 +54,28 @@ def test_running_out_of_memory_or_open_files_is_not_the_files_fault(code: int) -
     with pytest.raises(OSError) as e, limits.read_errors("x.ply"):
         raise OSError(code, "machine")
     assert not isinstance(e.value, DataError) and e.value.errno == code
+
+
+@pytest.mark.parametrize("body", [b"\x93NUM", b"1 2 3\n4 5 6\n", bytes(range(256)) * 4, b""])
+def test_check_npy_refuses_a_file_without_the_numpy_magic(tmp_path: Path, body: bytes) -> None:
+    """A truncated, renamed text or random file is 'not a .npy file' (numpy called each one
+    pickled data and advised loading it with allow_pickle)."""
+    (tmp_path / "x.npy").write_bytes(body)
+    with pytest.raises(DataError) as e:
+        limits.check_npy(tmp_path / "x.npy")
+    assert str(e.value) == f"{tmp_path / 'x.npy'}: not a .npy file (no NumPy header)"
+
+
+def test_check_npy_refuses_python_objects_and_reads_numeric_headers(tmp_path: Path) -> None:
+    import numpy as np
+
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError) as e:
+        limits.check_npy(tmp_path / "obj.npy")
+    msg = str(e.value)
+    assert "obj.npy" in msg and "Python objects" in msg and "allow_pickle" not in msg and "\n" not in msg
+    np.save(tmp_path / "ok.npy", np.zeros((4, 3), dtype="<f4"))
+    assert limits.check_npy(tmp_path / "ok.npy") == ((4, 3), np.dtype("<f4"))
+    np.savez(tmp_path / "objz.npz", coord=np.array([1, None], dtype=object))
+    with pytest.raises(DataError, match=r"objz.npz \[coord\]: the array holds Python objects"):
+        limits.npz_members(tmp_path / "objz.npz")

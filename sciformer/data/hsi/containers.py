@@ -18,6 +18,7 @@ from sciformer.errors import DataError
 from sciformer.utils.limits import (
     check_hdf5_dataset,
     check_inflation,
+    check_npy,
     check_shape,
     npz_members,
     read_errors,
@@ -171,6 +172,7 @@ def _open_npy(path: Path) -> Container:
                     return z[key]
 
             return Container(path, arrays, load)
+        check_npy(path)  # the magic and a numeric dtype, before numpy guesses (it calls any other file pickled)
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except DataError:
         raise

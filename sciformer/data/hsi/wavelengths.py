@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from sciformer.errors import DataError
+from sciformer.utils.limits import check_npy
 
 MICROMETRE_LIMIT = 30.0  # unit-less centres all below this are micrometres
 MAX_TEXT_BYTES = 8 * 2**20  # an ENVI header or a band-centre list (a real one is a few kB; parsing costs ~20x its size)
@@ -250,6 +251,7 @@ def _read_wavelength_file(path: Path, where: str) -> np.ndarray:
         return check_wavelengths(wl, None, label)
     try:
         if suffix == ".npy":
+            check_npy(path)  # the magic and a numeric dtype first
             values = np.load(path, allow_pickle=False)
         else:
             text = path.read_text()

@@ -45,7 +45,7 @@ from sciformer.data.pointcloud.open3d_io import read_with_open3d
 from sciformer.data.pointcloud.pcd import lzf_decompress, read_pcd
 from sciformer.data.pointcloud.ply import read_ply, write_ply
 from sciformer.errors import DataError
-from sciformer.utils.limits import check_bytes, npz_members, read_errors, regular_file
+from sciformer.utils.limits import check_bytes, check_npy, npz_members, read_errors, regular_file
 
 POINT_SUFFIXES = (".ply", ".pcd", ".xyz", ".txt", ".pts", ".csv", ".npy", ".npz", ".off", ".las", ".laz", ".bin")
 BIN_DTYPES = ("float32", "float64", "int16", "int32", "uint8", "uint16", "uint32")
@@ -200,6 +200,8 @@ def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
     try:
         if path.suffix.lower() == ".npz":
             npz_members(path)  # member headers against the memory budget, before inflating any
+        else:
+            check_npy(path)  # the magic and a numeric dtype, before numpy guesses (it calls any other file pickled)
         # mmap: a header promising more data than the file holds fails here instead of allocating it
         with np.errstate(over="raise"):  # a shape whose byte size overflows: one error, not a warning first
             loaded = np.load(path, mmap_mode="r", allow_pickle=False)

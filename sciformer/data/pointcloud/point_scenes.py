@@ -71,6 +71,7 @@ from sciformer.data.transforms import (
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
+from sciformer.utils.limits import check_npy
 
 _FEATURES = ["coord", "colour", "intensity", "normal", "height", "geometric"]
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
@@ -189,6 +190,7 @@ def sibling_labels(path: Path, label_files: tuple[str, str]) -> np.ndarray:
     suffix = other.suffix.lower()
     try:
         if suffix == ".npy":  # mapped: a header promising more than the file holds fails instead of allocating
+            check_npy(other)  # the magic and a numeric dtype first
             with np.errstate(over="raise"):  # a shape whose size overflows: an error, not a warning and a crash
                 raw = np.asarray(numeric(other, np.load(other, mmap_mode="r", allow_pickle=False), "label array"))
         elif suffix == ".label":  # SemanticKITTI: uint32, semantic label in the lower 16 bits

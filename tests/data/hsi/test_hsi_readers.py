@@ -255,3 +255,15 @@ def test_2d_image_rejected(tmp_path):
     np.save(tmp_path / "flat.npy", np.zeros((4, 5), dtype=np.float32))
     with pytest.raises(DataError, match=r"no 3-D \(H, W, B\) array"):
         read_scene(tmp_path / "flat.npy")
+
+
+def test_npy_without_the_numpy_magic_is_not_called_pickled(tmp_path):
+    """A cube .npy that is random bytes is 'not a .npy file' (numpy's message called it pickled
+    data and advised allow_pickle); an object array is refused as Python objects."""
+    (tmp_path / "cube.npy").write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(DataError, match=r"cube.npy: not a .npy file \(no NumPy header\)$"):
+        read_scene(tmp_path / "cube.npy")
+    np.save(tmp_path / "obj.npy", np.array([[None]], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match=r"obj.npy: the array holds Python objects") as e:
+        read_scene(tmp_path / "obj.npy")
+    assert "allow_pickle" not in str(e.value)

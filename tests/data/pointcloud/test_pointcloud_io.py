@@ -149,3 +149,18 @@ def test_a_read_that_fails_in_the_os_is_a_data_error_naming_the_file(tmp_path: P
         with pytest.raises(DataError) as e:
             las_has_rgb(path)
         one_line_error(e, name, os.strerror(errno.EIO))
+
+
+def test_npy_without_the_numpy_magic_is_not_called_pickled(tmp_path: Path, one_line_error) -> None:
+    """A text file renamed .npy is 'not a .npy file', not 'pickled (object) data' with advice
+    to load it with allow_pickle; an object array says it holds Python objects."""
+    (tmp_path / "text.npy").write_text("1 2 3\n4 5 6\n7 8 9\n")
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "text.npy")
+    one_line_error(e, "text.npy", "not a .npy file (no NumPy header)")
+    assert "pickle" not in str(e.value)
+    np.save(tmp_path / "obj.npy", np.array([[0.0, 1.0, None]], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "obj.npy")
+    one_line_error(e, "obj.npy", "Python objects")
+    assert "allow_pickle" not in str(e.value)
