@@ -39,10 +39,16 @@ def check_record_counts(path: str | os.PathLike[str]) -> None:
     if len(head) < 104 or head[:4] != b"LASF":
         return  # not a LAS header: laspy says so
     header_size = int.from_bytes(head[94:96], "little")
-    room = int.from_bytes(head[96:100], "little") - header_size  # bytes between header and points
+    offset = int.from_bytes(head[96:100], "little")  # offset_to_point_data
+    if header_size < 227:  # the LAS 1.0 header's size; later versions only add to it
+        raise fail(path, f"LAS header size {header_size} is below the 227 bytes of every LAS header; the file is damaged")
+    if offset < header_size:
+        raise fail(path, f"LAS header puts the points at byte {offset}, inside its own {header_size}-byte header; "
+                         "the file is damaged")
+    room = offset - header_size  # bytes between header and points
     vlrs = int.from_bytes(head[100:104], "little")
     if vlrs * VLR_HEADER > room:
-        raise fail(path, f"LAS header lists {vlrs} variable-length records, more than the {max(0, room)} bytes "
+        raise fail(path, f"LAS header lists {vlrs} variable-length records, more than the {room} bytes "
                          "between its header and its points can hold; the file is damaged")
     if head[25] >= 4 and len(head) == 247:  # version 1.4
         start = int.from_bytes(head[235:243], "little")

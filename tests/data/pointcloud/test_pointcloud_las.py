@@ -98,6 +98,23 @@ def test_damaged_headers_are_refused_before_allocation(tmp_path: Path, fakes, on
     one_line_error(e, "damaged.laz", "chunk table offset 1000000000 lies outside")
 
 
+@pytest.mark.parametrize(("at", "value", "needle"), [
+    (96, (10).to_bytes(4, "little"), "puts the points at byte 10, inside its own"),
+    (94, (65535).to_bytes(2, "little"), "inside its own 65535-byte header"),
+    (94, (100).to_bytes(2, "little"), "header size 100 is below the 227 bytes"),
+])
+def test_point_offset_inside_the_header_is_named(tmp_path: Path, fakes, one_line_error, at: int, value: bytes,
+                                                 needle: str) -> None:
+    """A point offset below the header size says so (it said '0 variable-length records, more
+    than the 0 bytes between its header and its points can hold')."""
+    las = tmp_path / "tile.las"
+    fakes.las(las, n=10)
+    with pytest.raises(DataError) as e:
+        read_point_file(_edit(las, at, value))
+    msg = one_line_error(e, "damaged.las", needle)
+    assert "variable-length" not in msg
+
+
 @pytest.mark.parametrize("suffix", [".las", ".laz"])
 def test_records_the_file_holds_are_read_and_counts_beyond_it_refused(tmp_path: Path, suffix: str, one_line_error) -> None:
     """A 1.4 file with VLRs and EVLRs (one of them empty) reads; record counts the file cannot hold are refused
