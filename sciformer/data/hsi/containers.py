@@ -257,9 +257,13 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
         raise DataError(f"{header}: not a readable ENVI header/data pair: {short_error(exc)}") from exc
     finally:
         logger.setLevel(level)
-    interleave = str((getattr(img, "metadata", {}) or {}).get("interleave", "bsq")).strip().lower()
+    meta = getattr(img, "metadata", {}) or {}
+    interleave = str(meta.get("interleave", "bsq")).strip().lower()
     if interleave not in ("bsq", "bil", "bip"):
         raise DataError(f"{header}: ENVI interleave '{interleave[:20]}' is not supported; expected bsq, bil or bip")
+    order = str(meta.get("byte order", "0")).strip()
+    if order not in ("0", "1"):  # spectral reads anything but 0 as big-endian: garbage values
+        raise DataError(f"{header}: ENVI 'byte order = {order[:20]}' is not 0 (little-endian) or 1 (big-endian)")
     _check_envi_size(header, img)
     return _spy_to_container(data_file or header, img)
 

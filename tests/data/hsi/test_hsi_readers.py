@@ -267,3 +267,12 @@ def test_npy_without_the_numpy_magic_is_not_called_pickled(tmp_path):
     with pytest.raises(DataError, match=r"obj.npy: the array holds Python objects") as e:
         read_scene(tmp_path / "obj.npy")
     assert "allow_pickle" not in str(e.value)
+
+
+def test_envi_byte_order_other_than_0_or_1_is_refused(tmp_path):
+    """'byte order = 7' was read as big-endian: garbage values, then an error naming neither file nor cause."""
+    np.arange(2 * 3 * 4, dtype="<f4").tofile(tmp_path / "c.img")
+    (tmp_path / "c.hdr").write_text("ENVI\nsamples = 3\nlines = 2\nbands = 4\nheader offset = 0\ndata type = 4\n"
+                                    "interleave = bsq\nbyte order = 7\n")
+    with pytest.raises(DataError, match=r"c.hdr: ENVI 'byte order = 7' is not 0 \(little-endian\) or 1 \(big-endian\)$"):
+        read_scene(tmp_path / "c.hdr")
