@@ -173,14 +173,18 @@ def map_info_numbers(transform: list[float]) -> tuple[float, float, float] | Non
 
 def writable_georef(georef: dict[str, Any] | None, output: Path) -> dict[str, Any] | None:
     """``georef`` as it can be written to the map ``output`` (by its suffix), or None, with a
-    one-line warning on stderr, where it cannot be written whole: a sheared or mirrored transform
-    (which no ENVI ``map info`` expresses) for an ENVI map; a coordinate system without a usable
-    transform for a GeoTIFF map. A coordinate system is never written with another transform."""
+    one-line warning on stderr, where it cannot be written whole: a ``map info`` without a usable
+    transform (tie point or pixel size not finite numbers) for any map; a sheared or mirrored
+    transform (which no ENVI ``map info`` expresses) for an ENVI map; a coordinate system without
+    a usable transform for a GeoTIFF map. A coordinate system is never written with another transform."""
     suffix = output.suffix.lower()
     if not georef or suffix not in (".hdr", ".img", *GEOTIFF_SUFFIXES):
         return georef
     transform = georef.get("transform")
-    if suffix in (".hdr", ".img"):
+    if georef.get("map_info") and not transform:  # non-finite or missing numbers: placed nowhere, in any format
+        numbers = ", ".join(str(v)[:20] for v in georef["map_info"][1:7])
+        why = f"its 'map info' gives no usable transform (tie point and pixel size {{{numbers}}} must be finite numbers)"
+    elif suffix in (".hdr", ".img"):
         if georef.get("map_info") or not transform or map_info_numbers(transform) is not None:
             return georef  # the input's ENVI keys as read, or a map info made from the transform
         why = (f"its transform {[float(f'{v:.6g}') for v in transform]} is sheared or mirrored, which ENVI "
@@ -188,7 +192,7 @@ def writable_georef(georef: dict[str, Any] | None, output: Path) -> dict[str, An
     else:
         if transform or not georef.get("crs_wkt"):
             return georef
-        why = "its 'map info' gives no usable transform, and a coordinate system alone would place the map at the origin"
+        why = "it has no usable transform, and a coordinate system alone would place the map at the origin"
     print(f"WARNING: {output.name} is written without the input's georeference: {why}", file=sys.stderr)
     return None
 

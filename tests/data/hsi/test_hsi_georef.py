@@ -107,3 +107,15 @@ def test_a_crs_without_a_usable_transform_is_never_written(tmp_path: Path, capsy
     write_geotiff_map(tmp_path / "m.tif", np.ones((4, 5), np.int64), ["a"], georef)
     with rasterio.open(tmp_path / "m.tif") as src:
         assert src.crs is None
+
+
+@pytest.mark.parametrize("suffix", [".hdr", ".tif"])
+def test_a_non_finite_map_info_is_no_georeference_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              suffix: str) -> None:
+    """A map info with a nan/inf tie point places the map nowhere: dropped with one warning line
+    (it was copied verbatim into .hdr maps, and a .tif was written without it silently)."""
+    header = _envi(tmp_path / "a.hdr", ["UTM", "1", "1", "nan", "inf", "30", "30", "13", "North"])
+    georef = georef_from_envi_header(header)
+    assert writable_georef(georef, tmp_path / f"m{suffix}") is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"WARNING: m{suffix}") and "'map info' gives no usable transform" in err
