@@ -221,22 +221,26 @@ def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], Any]:
 
 
 def npz_members(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], object, int | None]]:
-    """Shape, dtype and compressed size (None if stored) of each .npy member of an .npz, from the
-    member headers only; each checked against the budget before anything is inflated."""
+    """Shape, dtype and compressed size (None if stored) of each array member of an .npz, keyed as
+    ``np.load`` keys them (``coord.npy`` -> ``coord``), from the member headers only; each checked
+    against the budget before anything is inflated. An array member is one in .npy format whatever
+    its name (``np.load`` reads a ``coord`` member holding .npy bytes as an array too); any other
+    member (a ``readme``) is no array: it is left out, so a caller reading only these keys never
+    inflates it."""
     import zipfile
-
 
     out: dict[str, tuple[tuple[int, ...], object, int | None]] = {}
     with zipfile.ZipFile(path) as archive:
         for member in archive.infolist():
-            if not member.filename.endswith(".npy"):
-                continue
-            where = f"{path} [{member.filename[:-4]}]"
             with archive.open(member) as handle:
-                shape, dtype = npy_header(handle, where)
+                if handle.read(6) != b"\x93NUMPY":
+                    continue  # not in .npy format: np.load would hand back its raw bytes, never read here
+            key = member.filename.removesuffix(".npy")
+            where = f"{path} [{key}]"
+            with archive.open(member) as handle:
+                shape, dtype = npy_header(handle, where)  # objects, a damaged header: one line
             stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
             nbytes = math.prod(int(s) for s in shape) * int(dtype.itemsize)
             check_inflation(nbytes, stored, where) if stored is not None else check_bytes(nbytes, where)
-            out[member.filename[:-4]] = (tuple(int(s) for s in shape), dtype, stored)
+            out[key] = (tuple(int(s) for s in shape), dtype, stored)
     return out
-

@@ -198,16 +198,15 @@ def _read_table(path: Path, columns: Sequence[str] | None, keep_invalid: bool = 
 
 def _read_numpy(path: Path, columns: Sequence[str] | None) -> PointData:
     try:
-        if path.suffix.lower() == ".npz":
-            npz_members(path)  # member headers against the memory budget, before inflating any
-        else:
+        if path.suffix.lower() != ".npz":
             check_npy(path)  # the magic and a numeric dtype, before numpy guesses (it calls any other file pickled)
         # mmap: a header promising more data than the file holds fails here instead of allocating it
         with np.errstate(over="raise"):  # a shape whose byte size overflows: one error, not a warning first
             loaded = np.load(path, mmap_mode="r", allow_pickle=False)
-        if isinstance(loaded, np.lib.npyio.NpzFile):
+        if isinstance(loaded, np.lib.npyio.NpzFile):  # a zip whatever its suffix; opening it inflated nothing
             with loaded:
-                arrays = {k: loaded[k] for k in loaded.files}
+                # array members' headers against the memory budget, before inflating any; others are never read
+                arrays = {k: loaded[k] for k in npz_members(path)}
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - numpy reports damage as ValueError, SyntaxError, EOFError, MemoryError, ...

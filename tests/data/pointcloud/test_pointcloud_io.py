@@ -164,3 +164,45 @@ def test_npy_without_the_numpy_magic_is_not_called_pickled(tmp_path: Path, one_l
         read_point_file(tmp_path / "obj.npy")
     one_line_error(e, "obj.npy", "Python objects")
     assert "allow_pickle" not in str(e.value)
+
+
+def _npz_with(path: Path, members: dict[str, bytes]) -> None:
+    """An .npz whose members are named and filled verbatim (deflated), as np.savez never names them."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, payload in members.items():
+            archive.writestr(name, payload)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_npz_member_not_named_npy_is_checked_or_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          one_line_error) -> None:
+    """Members without the .npy suffix skipped the budget check and were all inflated: an .npy-format
+    ``coord`` was read whatever its declared size, and a ``readme`` ended in AttributeError."""
+    import tracemalloc
+
+    coord = np.arange(30, dtype=np.float64).reshape(10, 3)  # (10, 3)
+    _npz_with(tmp_path / "a.npz", {"coord.npy": _npy_bytes(coord), "readme": b"hello"})
+    np.testing.assert_array_equal(read_point_file(tmp_path / "a.npz")["coord"], coord)  # the readme is no array
+    monkeypatch.setenv("SCIFORMER_MAX_ARRAY_BYTES", "1M")
+    big = _npy_bytes(np.zeros((2**20 // 3, 3)))  # 8 MiB declared, over the 1 MiB budget
+    _npz_with(tmp_path / "b.npz", {"coord": big})
+    with pytest.raises(DataError) as e:
+        read_point_file(tmp_path / "b.npz")
+    one_line_error(e, "b.npz [coord]", "above the 1.0 MiB limit")
+    _npz_with(tmp_path / "c.npz", {"coord.npy": _npy_bytes(coord), "readme": bytes(8 * 2**20)})
+    tracemalloc.start()
+    try:
+        np.testing.assert_array_equal(read_point_file(tmp_path / "c.npz")["coord"], coord)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak  # the 8 MiB non-array member is never inflated
