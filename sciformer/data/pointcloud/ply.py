@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sciformer.data.pointcloud.fields import (
 )
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_bytes
+from sciformer.utils.limits import check_bytes
 
 _PLY_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2",
@@ -78,7 +80,10 @@ def _ply_read_binary(path: Path, fh: Any, fmt: str, elements: list[dict[str, Any
     data = fh.read()
     pos = 0
     out: dict[str, Any] = {}
+    needed = {"vertex", "face"} & {el["name"] for el in elements}
     for el in elements:
+        if needed <= out.keys():
+            break  # what follows is never used: not walked
         props, count = el["props"], el["count"]
         if all(len(p) == 2 for p in props):
             dtype = np.dtype([(name, order + t) for name, t in props])
@@ -99,33 +104,83 @@ def _ply_read_binary(path: Path, fh: Any, fmt: str, elements: list[dict[str, Any
                     out["face"] = arr["v"].astype(np.int64)  # (m, 3)
                     pos += nbytes
                     continue
-        # General path: element by element (lists of any length).
-        rows: list[list[Any]] = []
-        try:
-            for _ in range(count):
-                row = []
-                for prop in props:
-                    if len(prop) == 2:
-                        dt = np.dtype(order + prop[1])
-                        row.append(np.frombuffer(data, dt, 1, pos)[0])
-                        pos += dt.itemsize
-                    else:
-                        cdt, idt = np.dtype(order + prop[2]), np.dtype(order + prop[3])
-                        n = int(np.frombuffer(data, cdt, 1, pos)[0])
-                        if n < 0:
-                            raise ValueError("negative list length")
-                        pos += cdt.itemsize
-                        row.append(np.frombuffer(data, idt, n, pos))
-                        pos += idt.itemsize * n
-                rows.append(row)
-        except ValueError:  # np.frombuffer past the end of the data (or a negative list length)
-            raise fail(path, f"truncated PLY: element '{el['name']}' ends after {len(rows)} of {count} entries") from None
-        if el["name"] == "face":
-            first_list = next(i for i, p in enumerate(props) if len(p) == 4)
-            out["face"] = [row[first_list] for row in rows]
-        else:
-            out[el["name"]] = rows
+        # General path (lists of any length): row offsets walked, the lists then gathered at once
+        pos, faces = _ply_list_element(path, data, pos, el, order, keep=el["name"] == "face")
+        if faces is not None:
+            out["face"] = faces
     return out
+
+
+def _ply_list_element(path: Path, data: bytes, pos: int, el: dict[str, Any], order: str,
+                      keep: bool) -> tuple[int, np.ndarray | None]:
+    """Walk the rows of a binary element with list properties from ``pos``; return the position
+    after it and, where ``keep``, its first list fanned into triangles (m, 3). Only one offset per
+    row is held (8 bytes, checked against the budget), never a Python object per row."""
+    count, where = el["count"], f"{path} [PLY element '{el['name']}']"
+    steps: list[tuple[int, struct.Struct, int]] = []  # (fixed bytes before, count type, item size) per list
+    types: list[tuple[np.dtype, np.dtype]] = []  # (count type, item type) per list
+    fixed = 0
+    for prop in el["props"]:
+        if len(prop) == 2:
+            fixed += np.dtype(prop[1]).itemsize
+            continue
+        ctype, itype = np.dtype(order + prop[2]), np.dtype(order + prop[3])
+        if ctype.kind not in "iu":
+            raise fail(path, f"PLY list '{prop[0]}' of element '{el['name']}' has a {prop[2]} length; expected an integer type")
+        steps.append((fixed, struct.Struct(order + ctype.char), itype.itemsize))
+        types.append((ctype, itype))
+        fixed = 0
+    if keep:
+        check_bytes(8.0 * count, where, "row offsets")
+    starts = np.zeros(count if keep else 0, dtype=np.int64)  # (count,) where each row's first list count lies
+    i, p = 0, pos
+    try:
+        if len(steps) == 1:  # the usual face: one list (and maybe fixed properties); the loop kept tight
+            (before, cstruct, isize), unpack, after = steps[0], steps[0][1].unpack_from, fixed + steps[0][1].size
+            for i in range(count):
+                n = unpack(data, p + before)[0]
+                if n < 0:
+                    raise fail(path, f"PLY element '{el['name']}' entry {i} has a negative list length {n}")
+                if keep:
+                    starts[i] = p + before
+                p += before + after + n * isize
+        else:
+            for i in range(count):
+                for j, (before, cstruct, isize) in enumerate(steps):
+                    p += before
+                    n = cstruct.unpack_from(data, p)[0]
+                    if n < 0:
+                        raise fail(path, f"PLY element '{el['name']}' entry {i} has a negative list length {n}")
+                    if keep and j == 0:
+                        starts[i] = p
+                    p += cstruct.size + n * isize
+                p += fixed
+        if p > len(data):
+            raise struct.error
+    except struct.error:  # a count read past the end of the data
+        raise fail(path, f"truncated PLY: element '{el['name']}' ends after {i} of {count} entries") from None
+    if not keep:
+        return p, None
+    (ctype, itype), isize = types[0], steps[0][2]
+    counts = _gather(data, starts, ctype, where).astype(np.int64)  # (count,)
+    if count and counts.min() < 3:
+        raise fail(path, f"face with {counts.min()} vertices, expected at least 3")
+    first = np.cumsum(counts) - counts  # (count,) each face's first value in the flat list
+    flat = _gather(data, np.repeat(starts + ctype.itemsize, counts)
+                   + (np.arange(int(counts.sum())) - np.repeat(first, counts)) * isize, itype, where).astype(np.int64)
+    ntri = counts - 2  # (count,) a fan of n - 2 triangles around each face's first vertex
+    fan = np.repeat(first, ntri)  # (m,)
+    k = np.arange(int(ntri.sum())) - np.repeat(np.cumsum(ntri) - ntri, ntri) + 1  # (m,) 1 .. n-2 in each face
+    return p, np.stack([flat[fan], flat[fan + k], flat[fan + k + 1]], axis=1)  # (m, 3)
+
+
+def _gather(data: bytes, offsets: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
+    """The values of ``dtype`` at byte ``offsets`` (unaligned) of ``data``, (n,)."""
+    check_bytes((8.0 + dtype.itemsize) * offsets.size, where, "list values")
+    raw, out = np.frombuffer(data, np.uint8), np.empty((offsets.size, dtype.itemsize), np.uint8)  # (n, itemsize)
+    for b in range(dtype.itemsize):
+        out[:, b] = raw[offsets + b]
+    return out.view(dtype).reshape(-1)  # (n,)
 
 
 def _ply_read_ascii(path: Path, fh: Any, elements: list[dict[str, Any]]) -> dict[str, Any]:
