@@ -12,6 +12,7 @@
 - :func:`check_npy` / :func:`npy_header` read a .npy header before numpy loads the file: a file
   without NumPy's magic is "not a .npy file" and an array of Python objects is refused (numpy
   calls both pickled data and suggests unpickling).
+- :func:`header_line` reads one line of a text header (PLY, PCD) bounded in length.
 - :func:`check_finite_coords` refuses coordinates that are, or would overflow to, inf/NaN.
 """
 
@@ -125,6 +126,19 @@ def path_kind(path: str | os.PathLike[str]) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file"
+
+
+# a text header's line (PLY, PCD) longer than this is no header line: a binary file or a line with no end
+MAX_HEADER_LINE = 64 * 2**10
+
+
+def header_line(fh: Any, where: str | os.PathLike[str]) -> bytes:
+    """The next line of a text header from the binary file ``fh`` (b"" at its end), read at most
+    MAX_HEADER_LINE bytes: a longer line is refused in one line, never read whole."""
+    raw = fh.readline(MAX_HEADER_LINE + 1)
+    if len(raw) > MAX_HEADER_LINE:
+        raise DataError(f"{where}: a header line longer than {_size(MAX_HEADER_LINE)} (no line end); not a valid header")
+    return raw
 
 
 def regular_file(path: str | os.PathLike[str], what: str = "file") -> Path:

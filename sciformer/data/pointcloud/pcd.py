@@ -9,7 +9,7 @@ import numpy as np
 
 from sciformer.data.pointcloud.fields import PointData, cast_text_values, fail, from_named_columns
 from sciformer.errors import DataError
-from sciformer.utils.limits import check_bytes
+from sciformer.utils.limits import check_bytes, header_line
 
 _PCD_TYPES = {("F", 4), ("F", 8), *((t, s) for t in "IU" for s in (1, 2, 4, 8))}
 LZF_MAX_RATIO = 150  # a 264-byte back-reference costs LZF at least 2 bytes of stream
@@ -61,7 +61,7 @@ def read_pcd_header(fh: BinaryIO, max_lines: int = 200) -> dict[str, list[str]] 
     from ``fh`` at the file start; None when no ``DATA`` line comes within ``max_lines``."""
     header: dict[str, list[str]] = {}
     for _ in range(max_lines):
-        raw = fh.readline()
+        raw = header_line(fh, getattr(fh, "name", "PCD file"))
         if not raw:
             return None
         words = raw.decode("ascii", errors="replace").split()

@@ -25,7 +25,7 @@ from sciformer.data.pointcloud.fields import (
 )
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_bytes
-from sciformer.utils.limits import check_bytes
+from sciformer.utils.limits import check_bytes, header_line
 
 _PLY_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2",
@@ -35,12 +35,12 @@ _PLY_TYPES = {
 
 
 def _ply_header(path: Path, fh: Any) -> tuple[str, list[dict[str, Any]]]:
-    if fh.readline().strip() != b"ply":
+    if header_line(fh, path).strip() != b"ply":
         raise fail(path, "not a PLY file (first line is not 'ply')")
     fmt = None
     elements: list[dict[str, Any]] = []
     for lineno in range(2, 10_000):
-        raw = fh.readline()
+        raw = header_line(fh, path)
         if not raw:
             raise fail(path, "PLY header has no 'end_header'")
         words = raw.decode("ascii", errors="replace").split()

@@ -162,3 +162,20 @@ def test_ply_list_elements_are_read_in_bounded_memory(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert faces.shape == (90_000, 3) and faces[:3].tolist() == [[0, 1, 2], [0, 2, 3], [0, 1, 2]]
     assert peak < 8 * size, (peak, size)
+
+
+@pytest.mark.parametrize("name, start", [("long.ply", b"ply\n"), ("long.pcd", b"# .PCD v0.7\n")])
+def test_header_line_without_end_is_refused_unread(tmp_path: Path, name: str, start: bytes, one_line_error) -> None:
+    """A header "line" with no newline was read whole (a 200 MB one peaked at 1.8 GB) before refusal."""
+    import tracemalloc
+
+    (tmp_path / name).write_bytes(start + b"x" * 4 * 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as e:
+            read_point_file(tmp_path / name)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(one_line_error(e, name, "header line longer than 64.0 KiB")) < 400
+    assert peak < 2**20, peak
