@@ -185,11 +185,12 @@ BOMB_RATIO = 1000
 
 
 def check_inflation(nbytes: int, stored: int, where: str) -> None:
-    """Refuse a compressed array that would inflate over BOMB_RATIO x its stored size (above BOMB_MIN_BYTES)."""
+    """Refuse a compressed (or sparse, never written) array that would inflate over BOMB_RATIO x its
+    stored size (above BOMB_MIN_BYTES)."""
     check_bytes(nbytes, where)
     if nbytes > BOMB_MIN_BYTES and nbytes > BOMB_RATIO * max(int(stored), 1):
         raise DataError(f"{where}: array of {_size(nbytes)} is stored in {_size(int(stored))} (compressed "
-                        f"{nbytes // max(int(stored), 1):,}:1, a decompression bomb?); refusing to inflate it")
+                        f"{nbytes // max(int(stored), 1):,}:1 or never written, a decompression bomb?); refusing to inflate it")
 
 
 def check_hdf5_dataset(ds: object, where: str) -> None:
@@ -203,8 +204,8 @@ def check_hdf5_dataset(ds: object, where: str) -> None:
     shape, dtype = tuple(getattr(ds, "shape", ()) or ()), getattr(ds, "dtype", None)
     itemsize = int(getattr(dtype, "itemsize", 8) or 8)
     check_shape(shape, itemsize, where)
-    if getattr(ds, "compression", None) or getattr(ds, "chunks", None):
-        check_inflation(math.prod(int(d) for d in shape) * itemsize, int(ds.id.get_storage_size()), where)  # type: ignore[attr-defined]
+    # compressed, chunked or contiguous alike: a dataset never written holds no bytes (its fill value only)
+    check_inflation(math.prod(int(d) for d in shape) * itemsize, int(ds.id.get_storage_size()), where)  # type: ignore[attr-defined]
 
 
 def npy_header(handle: BinaryIO, where: str) -> tuple[tuple[int, ...], Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sciformer.errors import DataError
@@ -79,3 +80,17 @@ def test_check_npy_refuses_python_objects_and_reads_numeric_headers(tmp_path: Pa
     np.savez(tmp_path / "objz.npz", coord=np.array([1, None], dtype=object))
     with pytest.raises(DataError, match=r"objz.npz \[coord\]: the array holds Python objects"):
         limits.npz_members(tmp_path / "objz.npz")
+
+
+@pytest.mark.parametrize("chunks", [None, (1, 1000, 1000)])
+def test_hdf5_dataset_never_written_is_refused(tmp_path: Path, chunks: tuple[int, ...] | None) -> None:
+    """A contiguous dataset never written (fill value only: 0 bytes stored) skipped the 1000:1 check
+    that chunked ones had: a 1.9 KB .mat v7.3 declaring 763 MiB was allocated in full."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f.create_dataset("cube", shape=(200, 1000, 1000), dtype="f4", fillvalue=0.0, chunks=chunks)
+        f.create_dataset("small", data=np.zeros((64, 1024), np.float32))
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        limits.check_hdf5_dataset(f["small"], "f.h5 [small]")  # written data passes
+        with pytest.raises(DataError, match=r"^f\.h5 \[cube\]: array of 762\.9 MiB is stored in 0 B .*decompression bomb"):
+            limits.check_hdf5_dataset(f["cube"], "f.h5 [cube]")

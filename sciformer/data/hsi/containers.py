@@ -39,7 +39,7 @@ class ArrayInfo:
     shape: tuple[int, ...]
     kind: str  # numpy dtype kind: 'u', 'i', 'f', 'b', ...
     itemsize: int = 8  # bytes per value once loaded (8 when unknown: the conservative guess)
-    stored: int | None = None  # bytes the array takes in the file when compressed (None: not compressed)
+    stored: int | None = None  # bytes the array takes in the file when compressed or sparse (None: all of it)
 
 
 class Container:
@@ -147,7 +147,7 @@ def _open_mat_v73(path: Path) -> Container:
                     continue
                 check_hdf5_dataset(obj, f"{path} [{name}]")
                 kind = "b" if mclass == "logical" else obj.dtype.kind
-                stored = int(obj.id.get_storage_size()) if obj.compression or obj.chunks else None
+                stored = int(obj.id.get_storage_size())  # 0 for a dataset never written (its fill value only)
                 arrays[name] = ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind, int(obj.dtype.itemsize), stored)
     except DataError:
         raise
@@ -297,14 +297,15 @@ def _open_geotiff(path: Path) -> Container:
     map (H, W); pixels are read on first use."""
     from sciformer.data.hsi.geotiff import geotiff_layout, geotiff_nodata, read_geotiff  # rasterio is optional
 
-    shape, kind = geotiff_layout(path)
+    shape, kind, itemsize = geotiff_layout(path)
     arr_shape = shape[:2] if shape[2] == 1 else shape
 
     def load(_key: str) -> np.ndarray:
         data, _ = read_geotiff(path)  # (H, W, B)
         return data[:, :, 0] if len(arr_shape) == 2 else data
 
-    c = Container(path, {path.stem: ArrayInfo(arr_shape, kind)}, load)
+    # the whole file as the stored size: a sparse or compressed file declaring far more is a bomb
+    c = Container(path, {path.stem: ArrayInfo(arr_shape, kind, itemsize, stored=os.path.getsize(path))}, load)
     c.nodata = geotiff_nodata(path)
     return c
 

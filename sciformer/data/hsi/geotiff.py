@@ -105,13 +105,16 @@ def read_geotiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, An
     return data, georef
 
 
-def geotiff_layout(path: Path) -> tuple[tuple[int, int, int], str]:
-    """(height, width, bands) and the numpy dtype kind of a GeoTIFF (``f`` when it is scaled), read from its header only."""
+def geotiff_layout(path: Path) -> tuple[tuple[int, int, int], str, int]:
+    """(height, width, bands), the numpy dtype kind (``f`` when it is scaled) and the bytes per
+    value once read of a GeoTIFF, from its header only."""
     rasterio = _rasterio()
     try:
         with _open(rasterio, path) as src:
-            kind = "f" if _scaling(src) is not None else np.dtype(src.dtypes[0]).kind
-            return (int(src.height), int(src.width), int(src.count)), kind
+            dtype = np.dtype(src.dtypes[0])
+            if _scaling(src) is not None:
+                dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+            return (int(src.height), int(src.width), int(src.count)), dtype.kind, dtype.itemsize
     except rasterio.errors.RasterioError as exc:
         raise DataError(f"{path}: not a readable GeoTIFF ({exc})") from exc
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sciformer.data.hsi.readers import read_labels, read_scene
+from sciformer.errors import DataError
 
 rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import from_origin  # noqa: E402
@@ -155,3 +156,26 @@ def test_label_map_on_another_grid_is_refused(tmp_path: Path, origin: tuple[floa
     cfg = HSISceneConfig(source=str(cube_path), split={"kind": "fixed", "train_path": str(gt_path), "test_path": str(gt_path)})
     with pytest.raises(DataError, match="split map's"):  # a fixed split's maps: the same check
         make_split(cfg, read_scene(cube_path, labels="none"), BuildContext(base_dir=tmp_path, seed=0))
+
+
+def test_sparse_geotiff_declaring_a_huge_cube_is_refused_before_reading(tmp_path: Path) -> None:
+    """A 2 KB sparse tiled GeoTIFF (no tile written) declaring a 923 MiB cube was read in full (3.4 GB peak)."""
+    import tracemalloc
+
+    path = tmp_path / "sparse.tif"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path, "w", driver="GTiff", height=1100, width=1100, count=200, dtype="float32",
+                           transform=from_origin(0, 0, 1, 1), SPARSE_OK=True, tiled=True):
+            pass
+    assert path.stat().st_size < 64 * 2**10
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as e:
+            read_scene(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(e.value)
+    assert "\n" not in msg and "sparse.tif" in msg and "923.2 MiB" in msg and "decompression bomb" in msg
+    assert peak < 64 * 2**20, peak
