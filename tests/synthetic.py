@@ -8,7 +8,10 @@ shapes, rooms or tiles), so the dataset code runs end to end in well under a sec
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -256,3 +259,16 @@ def eio_link(folder: Path, name: str) -> Path:
         if exc.errno == errno.EIO:
             return link
     pytest.skip("no file here whose reads fail with EIO (/proc/self/mem)")
+
+
+@contextlib.contextmanager
+def traced_peak() -> Iterator[list[int]]:
+    """The most bytes Python held at once inside the block (tracemalloc), in the list it yields,
+    once the block ends: ``with traced_peak() as peak, pytest.raises(DataError): ...; peak[0]``."""
+    tracemalloc.start()
+    peak: list[int] = []
+    try:
+        yield peak
+    finally:
+        peak.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sciformer.data.hsi.mat_v5 import check_v5_file
 from sciformer.errors import DataError
 from sciformer.utils.limits import (
     check_hdf5_dataset,
@@ -109,6 +110,7 @@ _MATLAB_ITEMSIZE = {"double": 8, "single": 4, "int8": 1, "uint8": 1, "int16": 2,
 def _open_mat_v5(path: Path) -> Container:
     import scipy.io
 
+    check_v5_file(path)  # data tags against dimensions, before scipy inflates a byte
     try:
         listing = scipy.io.whosmat(str(path))
     except Exception as exc:  # noqa: BLE001
