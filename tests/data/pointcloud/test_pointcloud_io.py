@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import eio_link
+from synthetic import eio_link, traced_peak
 
 from sciformer.data.pointcloud.io import las_has_rgb, parse_text_table, read_point_file
 from sciformer.errors import DataError
@@ -187,8 +187,6 @@ def test_npz_member_not_named_npy_is_checked_or_ignored(tmp_path: Path, monkeypa
                                                           one_line_error) -> None:
     """Members without the .npy suffix skipped the budget check and were all inflated: an .npy-format
     ``coord`` was read whatever its declared size, and a ``readme`` ended in AttributeError."""
-    import tracemalloc
-
     coord = np.arange(30, dtype=np.float64).reshape(10, 3)  # (10, 3)
     _npz_with(tmp_path / "a.npz", {"coord.npy": _npy_bytes(coord), "readme": b"hello"})
     np.testing.assert_array_equal(read_point_file(tmp_path / "a.npz")["coord"], coord)  # the readme is no array
@@ -199,10 +197,6 @@ def test_npz_member_not_named_npy_is_checked_or_ignored(tmp_path: Path, monkeypa
         read_point_file(tmp_path / "b.npz")
     one_line_error(e, "b.npz [coord]", "above the 1.0 MiB limit")
     _npz_with(tmp_path / "c.npz", {"coord.npy": _npy_bytes(coord), "readme": bytes(8 * 2**20)})
-    tracemalloc.start()
-    try:
+    with traced_peak() as peak:
         np.testing.assert_array_equal(read_point_file(tmp_path / "c.npz")["coord"], coord)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 2**20, peak  # the 8 MiB non-array member is never inflated
+    assert peak[0] < 2**20, peak  # the 8 MiB non-array member is never inflated

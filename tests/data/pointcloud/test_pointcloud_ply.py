@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic import traced_peak
 
 from sciformer.data.pointcloud.io import read_point_file, write_ply
 from sciformer.errors import DataError
@@ -148,34 +149,21 @@ def test_ply_polygons_of_any_size_are_fanned(tmp_path: Path, order: str) -> None
 def test_ply_list_elements_are_read_in_bounded_memory(tmp_path: Path) -> None:
     """Each list entry became a Python list and a numpy view: ~280x the file in memory (a 5 MB
     file peaked at 1.4 GB), read in a Python loop building objects."""
-    import tracemalloc
-
     polys = [[0, 1, 2, 3], [0, 1, 2]] * 30_000  # mixed sizes: not the all-triangle fast path
     path = tmp_path / "big.ply"
     path.write_bytes(_mesh_ply("<", polys, junk=500_000))
     size = path.stat().st_size
-    tracemalloc.start()
-    try:
+    with traced_peak() as peak:
         faces = read_point_file(path)["faces"]  # (90000, 3)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
     assert faces.shape == (90_000, 3) and faces[:3].tolist() == [[0, 1, 2], [0, 2, 3], [0, 1, 2]]
-    assert peak < 8 * size, (peak, size)
+    assert peak[0] < 8 * size, (peak, size)
 
 
 @pytest.mark.parametrize("name, start", [("long.ply", b"ply\n"), ("long.pcd", b"# .PCD v0.7\n")])
 def test_header_line_without_end_is_refused_unread(tmp_path: Path, name: str, start: bytes, one_line_error) -> None:
     """A header "line" with no newline was read whole (a 200 MB one peaked at 1.8 GB) before refusal."""
-    import tracemalloc
-
     (tmp_path / name).write_bytes(start + b"x" * 4 * 2**20)
-    tracemalloc.start()
-    try:
-        with pytest.raises(DataError) as e:
-            read_point_file(tmp_path / name)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    with traced_peak() as peak, pytest.raises(DataError) as e:
+        read_point_file(tmp_path / name)
     assert len(one_line_error(e, name, "header line longer than 64.0 KiB")) < 400
-    assert peak < 2**20, peak
+    assert peak[0] < 2**20, peak
