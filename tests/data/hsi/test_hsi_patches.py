@@ -199,7 +199,7 @@ def test_pad_transformed_equals_transforming_the_whole_cube_first(mode, h, w, p,
 def test_pad_transformed_holds_no_second_copy_of_the_cube() -> None:
     """Peak memory above the uint16 cube (tracemalloc sees numpy's allocations): the float32 output
     plus blocks, not a whole float32 (let alone float64) transformed copy beside it."""
-    import tracemalloc
+    from synthetic import traced_peak
 
     from sciformer.data.hsi.normalize import Normalizer
     from sciformer.data.hsi.patches import pad_transformed
@@ -207,12 +207,9 @@ def test_pad_transformed_holds_no_second_copy_of_the_cube() -> None:
     cube = np.random.default_rng(0).integers(0, 4000, size=(400, 300, 100)).astype(np.uint16)  # 24 MB
     norm = Normalizer("standard").fit(cube, np.ones(cube.shape[:2], bool))
     out_bytes = 100 * (400 + 6) * (300 + 6) * 4
-    tracemalloc.start()
-    try:
+    with traced_peak() as traced:
         padded = pad_transformed(cube, lambda rows, y: norm.transform(rows, "cube", y), 100, 7, "reflect")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = traced[0]
     torch.testing.assert_close(padded, pad_cube(norm.transform(cube), 7, "reflect"), rtol=0, atol=0)
     assert peak < out_bytes + 28 * 2**20, (peak, out_bytes)  # a block (4 MB) and its transform's chunks (8 MB float64)
     assert peak < out_bytes + cube.size * 4  # the old path: a float32 copy of the whole cube beside the output
