@@ -34,7 +34,7 @@ from sciformer.data.hsi.containers import (
     fmt_shape,
     open_container,
 )
-from sciformer.data.hsi.wavelengths import check_wavelengths, to_nanometres
+from sciformer.data.hsi.wavelengths import check_one_column, check_wavelengths, to_nanometres
 from sciformer.errors import DataError
 from sciformer.utils.limits import MAX_CLASS_ID
 
@@ -174,7 +174,8 @@ WAVELENGTH_NAMES = frozenset({
 
 def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray | None:
     """Band centres in nm: ``key``'s array, else the header's, else the one array of one value per
-    band whose name is a known wavelength name (:data:`WAVELENGTH_NAMES`, any case).
+    band whose name is a known wavelength name (:data:`WAVELENGTH_NAMES`, any case). Such an
+    array shaped as a table (a (B, 2) of centres and widths) is a one-line DataError.
 
     Arrays carry no units: all values below 30 are read as micrometres (see
     :func:`~sciformer.data.hsi.wavelengths.to_nanometres`). Two or more such arrays are a
@@ -184,14 +185,17 @@ def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray |
         if key not in c.arrays:
             raise DataError(f"{c.path}: wavelength_key '{key}' not found; available keys: {c._listing()}")
         where = f"{c.path} [{key}] (wavelength_key)"
+        check_one_column(c.arrays[key].shape, where)
         if int(np.prod(c.arrays[key].shape)) != bands:
             raise DataError(f"{where}: {int(np.prod(c.arrays[key].shape))} values for a cube of {bands} bands; "
                             "expected one band centre per band")
         return check_wavelengths(to_nanometres(c.load(key), None, where), bands, where)
     if c.wavelengths is not None:
         return c.wavelengths  # checked and in nm (containers.py)
-    found = [name for name, info in c.arrays.items()
-             if name.lower().rsplit("/", 1)[-1] in WAVELENGTH_NAMES and int(np.prod(info.shape)) == bands]
+    named = {name: info.shape for name, info in c.arrays.items() if name.lower().rsplit("/", 1)[-1] in WAVELENGTH_NAMES}
+    for name, shape in named.items():  # a (B, 2) table of centres and widths is refused, not skipped or flattened
+        check_one_column(shape, f"{c.path} [{name}]")
+    found = [name for name, shape in named.items() if int(np.prod(shape)) == bands]
     if len(found) > 1:
         raise DataError(f"{c.path}: several band-centre arrays ({', '.join(found)}); name one with wavelength_key "
                         "(data.wavelength_key)")

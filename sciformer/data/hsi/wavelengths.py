@@ -80,7 +80,9 @@ def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | No
     ``units`` None, empty or ``Unknown``: by magnitude (all < 30: micrometres, else nm).
     An unknown unit name is a one-line DataError listing the accepted ones.
     """
-    arr = np.asarray(values, dtype=np.float64).reshape(-1)  # (B,)
+    arr = np.asarray(values, dtype=np.float64)
+    check_one_column(arr.shape, where)
+    arr = arr.reshape(-1)  # (B,)
     if isinstance(units, (list, tuple)) and len(units) == 1:  # 'wavelength units = {Micrometers}'
         units = units[0]
     key = re.sub(r"\s+", "", str(units or "")).lower()
@@ -101,6 +103,13 @@ def to_nanometres(values: Any, units: str | None, where: str) -> np.ndarray | No
     return arr * _FACTORS[key]
 
 
+def check_one_column(shape: tuple[int, ...], where: str, error: type[Exception] = DataError) -> None:
+    """Refuse band centres of ``shape`` unless one column ((B,), (B, 1) or (1, B)): a (B, 2) table
+    (band numbers and centres, or centres and widths) or a grid is a one-line ``error`` naming ``where``."""
+    if sum(n > 1 for n in shape) > 1:
+        raise error(f"{where}: a table of shape {tuple(shape)}; expected one column of band centres (nm), one per band")
+
+
 def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Exception] = DataError, *,
                       plausible: bool = True) -> np.ndarray:
     """``values`` as a float64 (B,) array after the checks every source shares.
@@ -113,8 +122,7 @@ def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Ex
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         raise error(f"{where}: expected a list of numbers (band centres in nm)") from None
-    if sum(n > 1 for n in arr.shape) > 1:  # a (B, 2) table: band numbers and centres, or centres and widths
-        raise error(f"{where}: a table of shape {arr.shape}; expected one column of band centres (nm), one per band")
+    check_one_column(arr.shape, where, error)
     arr = arr.reshape(-1)  # (B,)
     if arr.size == 0:
         raise error(f"{where}: no wavelengths given; expected one band centre (nm) per band")

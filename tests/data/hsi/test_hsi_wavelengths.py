@@ -294,3 +294,17 @@ def test_a_two_column_array_is_refused(tmp_path: Path) -> None:
 def test_a_wavenumber_of_zero_is_named() -> None:
     with pytest.raises(DataError, match="wavenumber 0 cm\\^-1 has no wavelength"):
         to_nanometres([0.0, 20000.0], "Wavenumber", "x.hdr")
+
+
+@pytest.mark.parametrize("rows", [7, 4])  # one row per band, or a (B/2, 2) table whose values count B
+def test_a_mat_wavelength_table_is_refused_not_skipped_or_flattened(tmp_path: Path, rows: int) -> None:
+    cube, gt, wl = make_hsi_scene(h=6, w=5, bands=8 if rows == 4 else 7, classes=2, block=2)
+    table = np.stack([wl[:rows], np.full(rows, 10.0)], 1)  # (rows, 2): centre, FWHM
+    path = tmp_path / "scene.mat"
+    scipy.io.savemat(path, {"cube": cube, "gt": gt.astype(np.uint8), "wavelengths": table, "table": table})
+    with pytest.raises(DataError, match=rf"scene.mat \[wavelengths\]: a table of shape \({rows}, 2\)"):
+        read_scene(path)
+    scipy.io.savemat(path, {"cube": cube, "table": table, "column": wl[:, None]})
+    with pytest.raises(DataError, match=rf"\[table\] \(wavelength_key\): a table of shape \({rows}, 2\)"):
+        read_scene(path, wavelength_key="table", labels="none")
+    np.testing.assert_allclose(read_scene(path, wavelength_key="column", labels="none").wavelengths, wl)  # (B, 1): one column
