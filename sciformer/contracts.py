@@ -136,11 +136,16 @@ class PredictOptions:
         for name in ("overlap", "rotations", "votes", "flip", "probabilities", "allow_band_mismatch"):
             object.__setattr__(self, name, plain_scalar(getattr(self, name)))  # numpy's / torch's: Python's
         if self.wavelengths is not None and not isinstance(self.wavelengths, (str, os.PathLike)):
+            given = self.wavelengths
             try:
-                values = tuple(float(v) for v in np.asarray(self.wavelengths, dtype=np.float64).reshape(-1))
-                object.__setattr__(self, "wavelengths", values)  # frozen: a hashable tuple of nm
+                arr = np.asarray(given, dtype=np.float64)
             except (TypeError, ValueError):
                 raise DataError("wavelengths: expected a list of band centres in nm, a file or 'a,b,...'") from None
+            # frozen: a hashable tuple of nm; an array that is no column ((B, 1) and (1, B) are) keeps its rows,
+            # so that the predictor's check refuses a (B, 2) table or a grid as on the command line (flattened, it ran)
+            flat = arr.reshape(-1)  # (B,)
+            rows = flat if flat.size in (*arr.shape, 1) else arr.reshape(arr.shape[0], -1)  # (B,) or (R, C)
+            object.__setattr__(self, "wavelengths", tuple(tuple(float(v) for v in r) if r.ndim else float(r) for r in rows))
         for name in ("flip", "probabilities", "allow_band_mismatch"):  # from Python too: "no" is not False
             if not isinstance(getattr(self, name), bool):
                 raise SciformerError(f"{option(self.FLAGS[name])}: expected true or false, got {getattr(self, name)!r}")

@@ -72,3 +72,16 @@ def test_spectral_constraints_fail_when_the_config_loads(model: dict, message: s
     with pytest.raises(ConfigError) as err:
         config.validate({"data": {"name": "hsi_scene", "source": "missing.mat"}, "model": model}, base_dir=ROOT)
     assert str(err.value) == message  # one line naming the dotted key, no section prefix doubled
+
+
+def test_predict_wavelengths_keep_their_shape_so_a_table_is_refused() -> None:
+    from sciformer.contracts import PredictOptions
+    from sciformer.data.hsi.wavelengths import read_wavelength_spec
+
+    wl = np.linspace(400.0, 1000.0, 20)
+    for table in (np.stack([wl[::2], np.full(10, 10.0)], 1), wl.reshape(4, 5)):  # (10, 2) centre/FWHM; a (4, 5) grid
+        with pytest.raises(DataError, match=rf"a table of shape \({table.shape[0]}, {table.shape[1]}\)"):
+            read_wavelength_spec(PredictOptions(wavelengths=table).wavelengths)
+    for column in (wl, wl[:, None], wl[None, :]):
+        np.testing.assert_allclose(read_wavelength_spec(PredictOptions(wavelengths=column).wavelengths), wl)
+
