@@ -137,6 +137,7 @@ class PredictOptions:
             object.__setattr__(self, name, plain_scalar(getattr(self, name)))  # numpy's / torch's: Python's
         if self.wavelengths is not None and not isinstance(self.wavelengths, (str, os.PathLike)):
             given = self.wavelengths
+            given = given.detach().cpu() if hasattr(given, "detach") else given  # a torch tensor, even one requiring grad
             try:
                 arr = np.asarray(given, dtype=np.float64)
             except (TypeError, ValueError):

@@ -85,3 +85,11 @@ def test_predict_wavelengths_keep_their_shape_so_a_table_is_refused() -> None:
     for column in (wl, wl[:, None], wl[None, :]):
         np.testing.assert_allclose(read_wavelength_spec(PredictOptions(wavelengths=column).wavelengths), wl)
 
+
+def test_predict_wavelengths_as_a_tensor_requiring_grad_are_taken() -> None:
+    import torch
+
+    from sciformer.contracts import PredictOptions
+
+    wl = np.linspace(400.0, 1000.0, 20)
+    assert PredictOptions(wavelengths=torch.tensor(wl, requires_grad=True)).wavelengths == tuple(wl.tolist())
