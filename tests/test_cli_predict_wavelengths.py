@@ -150,7 +150,9 @@ def test_evaluate_applies_the_same_rules(runs: dict[str, Path], tmp_path: Path, 
     assert main(["evaluate", "--checkpoint", str(runs["index"]), "-o", str(tmp_path / "i"), *scene, listing]) == 2
     assert "the cube has 100 bands but the model was trained on 200 bands placed by band index" in one_error_line(capsys)
     assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "w"), *scene]) == 2
-    assert "has 100 bands and no wavelengths" in one_error_line(capsys)
+    line = one_error_line(capsys)
+    assert "has 100 bands and no wavelengths" in line and "data.wavelengths=[...]" in line
+    assert "--wavelengths" not in line  # a flag evaluate does not take
     assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / "w"), *scene, listing]) == 0
     metrics = json.loads((tmp_path / "w" / "metrics.json").read_text())
     assert 0.0 <= metrics["oa"] <= 1.0

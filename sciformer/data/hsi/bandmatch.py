@@ -41,8 +41,12 @@ from sciformer.data.predicting import state_value
 from sciformer.errors import DataError
 from sciformer.frontend import option
 
-HOW_TO_GIVE = ("give the cube's band centres (an ENVI 'wavelength' field, data.wavelength_key for .mat, "
-               "--wavelengths, or wavelengths= in Python)")
+EVALUATE_CENTRES = "data.wavelengths=[...]"  # how ``evaluate`` (no --wavelengths flag) is given an input's band centres
+
+
+def how_to_give(given_as: str) -> str:
+    """How to give a cube's band centres, ``given_as`` naming the option of the running command."""
+    return f"give the cube's band centres (an ENVI 'wavelength' field, data.wavelength_key for .mat, or {given_as})"
 
 
 @dataclass
@@ -109,29 +113,31 @@ def input_wavelengths(from_file: np.ndarray | None, given: np.ndarray | None, ba
 
 
 def plan_bands(trained: TrainedBands, bands: int, wavelengths: np.ndarray | None, where: str, *,
-               allow_mismatch: bool = False, quiet: bool = False) -> BandPlan:
+               allow_mismatch: bool = False, quiet: bool = False, given_as: str | None = None) -> BandPlan:
     """Apply the rules of the module docstring to an input of ``bands`` bands with ``wavelengths`` (nm or None).
 
     Raises a one-line DataError for what the model cannot take; notes and warnings go to
-    stderr (unless ``quiet``) and are returned in :attr:`BandPlan.notes`.
+    stderr (unless ``quiet``) and are returned in :attr:`BandPlan.notes`. ``given_as`` names how
+    the running command takes an input's centres (default: ``--wavelengths`` / ``wavelengths=``;
+    ``evaluate``: :data:`EVALUATE_CENTRES`).
     """
-    plan = _plan(trained, bands, wavelengths, where, allow_mismatch)
+    plan = _plan(trained, bands, wavelengths, where, allow_mismatch, given_as or option("--wavelengths"))
     if not quiet:
         for line in plan.notes:
             print(line, file=sys.stderr)
     return plan
 
 
-def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, allow: bool) -> BandPlan:
+def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, allow: bool, given_as: str) -> BandPlan:
     if trained.by_wavelength:
         assert trained.wavelengths is not None
         if wl is None:
             if bands != trained.bands:
                 raise DataError(f"{where}: the cube has {bands} bands and no wavelengths; the model was trained on "
-                                f"{trained.bands} bands placed by wavelength: {HOW_TO_GIVE}")
+                                f"{trained.bands} bands placed by wavelength: {how_to_give(given_as)}")
             return BandPlan(trained.wavelengths, notes=[
                 f"note: {where} carries no wavelengths; using the model's ({describe(trained.wavelengths)}), "
-                f"as for the same sensor; give {option('--wavelengths')} if it is another"])
+                f"as for the same sensor; give {given_as} if it is another"])
         if same_wavelengths(wl, trained.wavelengths):
             return BandPlan(wl)
         lo, hi = float(trained.wavelengths.min()), float(trained.wavelengths.max())

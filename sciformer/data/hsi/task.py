@@ -50,7 +50,7 @@ from sciformer.contracts import (
     ScoreFn,
     TaskData,
 )
-from sciformer.data.hsi.bandmatch import TrainedBands, checkpoint_order, plan_bands
+from sciformer.data.hsi.bandmatch import EVALUATE_CENTRES, TrainedBands, checkpoint_order, plan_bands
 from sciformer.data.hsi.config import AugmentConfig, HSISceneConfig
 from sciformer.data.hsi.export import save_map_envi, save_map_npy, save_map_png
 from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels, refuse_labelled_nodata
@@ -239,7 +239,8 @@ class HSISceneTask(TaskData):
         if back is not None and self.normalizer.pca_components is None:  # an older checkpoint's band order
             self.padded.copy_(self.padded[torch.as_tensor(back)])  # in place: datasets made already share it
             self.wavelengths = None if self.wavelengths is None else self.wavelengths[back]
-        plan = plan_bands(trained, self.facts.bands, self.wavelengths, self.facts.source, allow_mismatch=allow_band_mismatch)
+        plan = plan_bands(trained, self.facts.bands, self.wavelengths, self.facts.source, allow_mismatch=allow_band_mismatch,
+                          given_as=EVALUATE_CENTRES)  # evaluate takes centres as an override, not --wavelengths
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
         self.class_mask = trained_class_mask(state.get("trained_classes"), self.info.num_classes)  # none recorded: every class
         names = [str(n) for n in state.get("class_names") or []]

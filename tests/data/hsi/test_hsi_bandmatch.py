@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from sciformer.contracts import PredictOptions
-from sciformer.data.hsi.bandmatch import TrainedBands, input_wavelengths, plan_bands
+from sciformer.data.hsi.bandmatch import EVALUATE_CENTRES, TrainedBands, input_wavelengths, plan_bands
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.predicting import start_prediction
 from sciformer.errors import ConfigError, DataError, SciformerError
+from sciformer.frontend import python_api
 
 WL = np.linspace(400.0, 2500.0, 200)  # (200,) nm
 
@@ -136,3 +137,15 @@ def test_pca_model_checks_centres_only_when_its_checkpoint_recorded_them(capsys:
     assert plan.wavelengths is None and capsys.readouterr().err.startswith("WARNING: ")
     assert plan_bands(trained(pca=30), 200, WL, "x.npy").wavelengths is None  # the same centres: runs, by index
     assert plan_bands(trained(pca=30, wavelengths=None), 200, other, "x.npy").notes == []  # an older checkpoint: as before
+
+
+def test_messages_name_the_options_of_the_running_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(DataError, match=r"no wavelengths.*or data\.wavelengths=\[\.\.\.\]\)$"):
+        plan_bands(trained(), 100, None, "x.npy", given_as=EVALUATE_CENTRES)  # evaluate has no --wavelengths
+    plan_bands(trained(), 200, None, "x.npy", given_as=EVALUATE_CENTRES)
+    assert capsys.readouterr().err.rstrip().endswith("give data.wavelengths=[...] if it is another")
+    with pytest.raises(DataError, match=r"or --wavelengths\)$"):
+        plan_bands(trained(), 100, None, "x.npy")  # predict
+    with python_api(), pytest.raises(DataError, match=r"or wavelengths=\)$"):
+        plan_bands(trained(), 100, None, "x.npy")
+
