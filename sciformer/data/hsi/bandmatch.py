@@ -39,7 +39,7 @@ import numpy as np
 from sciformer.data.hsi.wavelengths import TOLERANCE_NM, describe, same_wavelengths
 from sciformer.data.predicting import state_value
 from sciformer.errors import DataError
-from sciformer.frontend import option
+from sciformer.frontend import from_python, option
 
 EVALUATE_CENTRES = "data.wavelengths=[...]"  # how ``evaluate`` (no --wavelengths flag) is given an input's band centres
 
@@ -47,6 +47,11 @@ EVALUATE_CENTRES = "data.wavelengths=[...]"  # how ``evaluate`` (no --wavelength
 def how_to_give(given_as: str) -> str:
     """How to give a cube's band centres, ``given_as`` naming the option of the running command."""
     return f"give the cube's band centres (an ENVI 'wavelength' field, data.wavelength_key for .mat, or {given_as})"
+
+
+def mismatch_option() -> str:
+    """The option that runs an index-position model on other band centres, as the running front end spells it."""
+    return option("--allow-band-mismatch", True) if from_python() else option("--allow-band-mismatch")
 
 
 @dataclass
@@ -159,8 +164,8 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
         how = "its PCA was fitted on the trained bands" if trained.pca_components is not None else "the model places bands by index"
         detail = f"{where}: band centres differ from the model's (band {i}: {wl[i]:g} vs {trained.wavelengths[i]:g} nm) and {how}"
         if not allow:
-            raise DataError(f"{detail}; pass --allow-band-mismatch (allow_band_mismatch=True in Python) to run anyway")
-        return BandPlan(None, notes=[f"WARNING: {detail}: the predictions may be meaningless (--allow-band-mismatch)"])
+            raise DataError(f"{detail}; pass {mismatch_option()} to run anyway")
+        return BandPlan(None, notes=[f"WARNING: {detail}: the predictions may be meaningless ({mismatch_option()})"])
     return BandPlan(None)
 
 

@@ -149,3 +149,12 @@ def test_messages_name_the_options_of_the_running_command(capsys: pytest.Capture
     with python_api(), pytest.raises(DataError, match=r"or wavelengths=\)$"):
         plan_bands(trained(), 100, None, "x.npy")
 
+
+def test_python_messages_name_the_keyword_of_the_mismatch_opt_in(capsys: pytest.CaptureFixture[str]) -> None:
+    shifted = WL + 5.0
+    with python_api():
+        with pytest.raises(DataError, match=r"pass allow_band_mismatch=True to run anyway$"):
+            plan_bands(trained("index"), 200, shifted, "x.npy")
+        plan_bands(trained("index"), 200, shifted, "x.npy", allow_mismatch=True)
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("(allow_band_mismatch=True)") and "--allow" not in err
