@@ -281,7 +281,8 @@ def test_values_beyond_float32_are_one_line_and_write_nothing(scene: dict[str, P
         err = capsys.readouterr().err.strip().splitlines()
         # beyond float32 once normalised, or finite but so large that the model overflows (on the 3 x 3 window's pixels)
         assert len(err) == 1 and ("1 pixel(s) leave float32's range once normalised (first at (4, 7)" in err[0]
-                                  or "non-finite scores for 9 pixel(s) of a batch (first at (3, 6))" in err[0]), err
+                                  or "bad.npy: the model gives non-finite scores for 9 pixel(s) of a batch (first at (3, 6), "
+                                  "whose patch holds pixel (4, 7) of value" in err[0]), err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy"]
 
 

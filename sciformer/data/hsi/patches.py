@@ -230,6 +230,20 @@ def iter_scene_batches(
         yield patches, torch.stack([rows, cols], dim=1)  # (n, 2)
 
 
+def extreme_pixel(padded: torch.Tensor, patch_size: int, row: int, col: int) -> tuple[tuple[int, int], float]:
+    """The image pixel of largest absolute (normalised) value in the patch of pixel (``row``, ``col``), and that value.
+
+    Only the patch's pixels inside the image are searched: padding copies them (reflect, edge) or is 0.
+    """
+    _, h, w = _check_padded(padded, patch_size)
+    r = patch_size // 2
+    top, left = max(row - r, 0), max(col - r, 0)
+    window = padded[:, top + r : min(row + r, h - 1) + r + 1, left + r : min(col + r, w - 1) + r + 1]  # (B, ph, pw)
+    size = window.abs().amax(dim=0)  # (ph, pw)
+    i, j = divmod(int(size.argmax()), int(size.shape[1]))
+    return (top + i, left + j), float(window[:, i, j][window[:, i, j].abs().argmax()])
+
+
 def predict_scene(
     predict: Any,
     padded: torch.Tensor,
@@ -239,13 +253,15 @@ def predict_scene(
     mask: np.ndarray | None = None,
     make_batch: Any = None,
     probabilities: np.ndarray | None = None,
+    where: str = "the cube",
 ) -> np.ndarray:
     """Predict class ids (0-based) for every pixel (or ``mask`` pixels); -1 elsewhere.
 
     ``predict(batch) -> logits (n, C)``; ``make_batch(patches) -> batch dict`` (default
     ``{"patch": patches}``). Runs under ``torch.no_grad``. ``probabilities``, when given,
     is an (H, W, C) float32 array that receives the softmax of every predicted pixel
-    (other pixels are left as they are).
+    (other pixels are left as they are). ``where`` (the input file) begins the message of a pixel
+    the model gives non-finite scores, which names the most extreme pixel of its patch.
 
     Returns:
         (H, W) int64 map of argmax class ids, -1 where not predicted.
@@ -266,9 +282,11 @@ def predict_scene(
             bad = ~np.isfinite(probs).all(axis=1)  # (n,)
             if bad.any():
                 row, col = (int(v) for v in c[bad.argmax()])
-                raise DataError(f"the model gives non-finite scores for {int(bad.sum())} pixel(s) of a batch (first at ({row}, {col})); "
-                                "has the model diverged (see its validation loss), or are there values far outside the training "
-                                "data's range, e.g. a no-data fill?")
+                (i, j), value = extreme_pixel(padded, patch_size, row, col)
+                raise DataError(f"{where}: the model gives non-finite scores for {int(bad.sum())} pixel(s) of a batch (first at ({row}, {col}), "
+                                f"whose patch holds pixel ({i}, {j}) of value {value:.3g} once normalised); has the model "
+                                "diverged (see its validation loss), or are there values far outside the training data's range, "
+                                "e.g. a no-data fill?")
             out[c[:, 0], c[:, 1]] = probs.argmax(axis=1)  # of the probabilities: the map is their argmax, ties included
             if probabilities is not None:
                 if probs.shape[1] != probabilities.shape[2]:

@@ -210,7 +210,8 @@ def predict_hsi_file(
     probs = np.full((h, w, len(class_names)), np.nan, dtype=np.float32) if options.probabilities else None  # (H, W, K)
     valid = ~nodata if nodata.any() else None
     try:
-        ids = predict_scene(counted, padded, patch_size, batch_size, mask=valid, make_batch=make_batch, probabilities=probs)  # (H, W)
+        ids = predict_scene(counted, padded, patch_size, batch_size, mask=valid, make_batch=make_batch, probabilities=probs,
+                            where=str(input_path))  # (H, W)
     finally:
         if hasattr(bar, "close"):
             bar.close()

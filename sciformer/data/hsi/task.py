@@ -269,7 +269,8 @@ class HSISceneTask(TaskData):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         valid = None if self.nodata is None or not self.nodata.any() else ~self.nodata
-        ids = predict_scene(predict, self.padded, self.cfg.patch_size, batch_size, mask=valid, make_batch=self.make_batch)  # (H, W)
+        ids = predict_scene(predict, self.padded, self.cfg.patch_size, batch_size, mask=valid, make_batch=self.make_batch,
+                            where=self.facts.source)  # (H, W)
         label_map = ids + 1  # 1..K, gt convention; 0 (unclassified) on no-data pixels
         gt = self.gt if self.gt is not None else maps["train"] + maps["val"] + maps["test"]
         if gt.max() > len(self.class_names):

@@ -213,3 +213,20 @@ def test_pad_transformed_holds_no_second_copy_of_the_cube() -> None:
     torch.testing.assert_close(padded, pad_cube(norm.transform(cube), 7, "reflect"), rtol=0, atol=0)
     assert peak < out_bytes + 28 * 2**20, (peak, out_bytes)  # a block (4 MB) and its transform's chunks (8 MB float64)
     assert peak < out_bytes + cube.size * 4  # the old path: a float32 copy of the whole cube beside the output
+
+
+@pytest.mark.parametrize("at", [(0, 0), (4, 5), (6, 8)])  # a corner (reflected into the padding), inside, the far corner
+def test_non_finite_scores_name_the_file_and_the_extreme_pixel_of_the_patch(at: tuple[int, int]) -> None:
+    cube = np.random.default_rng(0).normal(size=(7, 9, 3)).astype(np.float32)  # (H, W, B)
+    cube[at[0], at[1], 1] = -3e38  # a no-data fill: the model overflows on every patch that holds it
+    padded = pad_cube(cube, 3, "reflect")
+
+    def overflow(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        big = batch["patch"].abs().amax(dim=(1, 2, 3)) > 1e30  # (n,)
+        return torch.where(big[:, None], torch.tensor(float("nan")), torch.zeros(1, 2))  # (n, 2)
+
+    first = (max(at[0] - 1, 0), max(at[1] - 1, 0))  # the first pixel in row-major order whose 3 x 3 patch holds it
+    with pytest.raises(DataError, match=rf"^scene.mat: the model gives non-finite scores for \d pixel\(s\) of a batch "
+                                        rf"\(first at \({first[0]}, {first[1]}\), whose patch holds pixel \({at[0]}, {at[1]}\) "
+                                        r"of value -3e\+38 once normalised\)"):
+        predict_scene(overflow, padded, 3, 64, where="scene.mat")
