@@ -191,13 +191,16 @@ def _spy_to_container(path: Path, img: Any) -> Container:
     meta = getattr(img, "metadata", {}) or {}
     is_class = str(meta.get("file type", "")).lower() == "envi classification"
     kind = np.dtype(img.dtype).kind
-    wavelengths, fwhm = _envi_band_centres(path, img, shape[2])
+    # one band: a label map when the header says so (a classification, classes, class names) or gives no centre;
+    # a one-band cube of a 'wavelength' stays (H, W, 1)
+    label_map = shape[2] == 1 and (is_class or "classes" in meta or "class names" in meta or meta.get("wavelength") is None)
+    wavelengths, fwhm = (None, None) if label_map else _envi_band_centres(path, img, shape[2])
     class_names = None
     if is_class and "class names" in meta:
         names = [str(n).strip() for n in meta["class names"]]
         class_names = names[1:] if names and names[0].lower() in ("unclassified", "unlabelled", "unlabeled") else names
     key = path.stem
-    arr_shape = shape[:2] if shape[2] == 1 else shape  # one band: a label map
+    arr_shape = shape[:2] if label_map else shape  # (H, W) or (H, W, B)
     itemsize = int(np.dtype(img.dtype).itemsize)
 
     def load(_key: str) -> np.ndarray:
@@ -224,9 +227,9 @@ def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | N
     units = getattr(info, "band_unit", None)
     where = f"{path}: header field 'wavelength'"
     raw_field = (getattr(img, "metadata", {}) or {}).get("wavelength")
-    if centers is None and raw_field is not None and bands != 1:  # the reader gave up on it (a trailing comma, a non-number): parse it here
+    if centers is None and raw_field is not None:  # the reader gave up on it (a trailing comma, a non-number): parse it here
         centers = header_numbers(raw_field, where)
-    if centers is None or bands == 1:  # a one-band file is a label map
+    if centers is None:
         return None, None
     wavelengths = to_nanometres(centers, units, where)
     if wavelengths is None:  # 'wavelength units = Index': band numbers, not centres

@@ -19,7 +19,7 @@ from synthetic import make_hsi_scene
 from sciformer import config
 from sciformer.contracts import BuildContext
 from sciformer.data.hsi.georef import georef_from_envi_header
-from sciformer.data.hsi.readers import read_scene
+from sciformer.data.hsi.readers import read_labels, read_scene
 from sciformer.data.hsi.task import build_hsi_scene
 from sciformer.data.hsi.wavelengths import given_nanometres, read_wavelength_spec, to_nanometres
 from sciformer.errors import ConfigError, DataError
@@ -308,3 +308,15 @@ def test_a_mat_wavelength_table_is_refused_not_skipped_or_flattened(tmp_path: Pa
     with pytest.raises(DataError, match=rf"\[table\] \(wavelength_key\): a table of shape \({rows}, 2\)"):
         read_scene(path, wavelength_key="table", labels="none")
     np.testing.assert_allclose(read_scene(path, wavelength_key="column", labels="none").wavelengths, wl)  # (B, 1): one column
+
+
+def test_a_one_band_envi_cube_with_a_centre_is_a_cube_a_classification_a_label_map(tmp_path: Path) -> None:
+    cube = np.arange(20, dtype=np.float32).reshape(4, 5, 1)  # (H, W, 1)
+    header = write_envi_text(tmp_path, cube, "wavelength units = Nanometers\nwavelength = {646.72}\n")
+    scene = read_scene(header, labels="none")
+    np.testing.assert_array_equal(scene.cube, cube)
+    np.testing.assert_allclose(scene.wavelengths, [646.72])
+    centre = "wavelength = {646.72}\n"
+    for extra in ("classes = 20\n" + centre, "class names = {a, b}\n" + centre, ""):  # the header says label map, or gives no centre
+        header = write_envi_text(tmp_path, cube, extra)
+        np.testing.assert_array_equal(read_labels(header), cube[:, :, 0].astype(np.int64))
