@@ -340,3 +340,18 @@ def test_geotiff_paths_of_undecodable_bytes_in_and_out(scene: dict[str, Path], t
         np.testing.assert_array_equal(got.read(), ref.read())
         assert got.crs == ref.crs and got.transform == ref.transform
     assert sorted(os.listdir(os.fsencode(tmp_path))) == [b"cube.tif", b"cube\xff.tif", b"map.tif", b"map\xfe.tif"]  # no temporary left
+
+
+def test_a_key_override_the_input_lacks_is_refused_the_trained_key_is_looked_for(scene: dict[str, Path], tmp_path: Path,
+                                                                                  capsys) -> None:
+    from sciformer.data.hsi.config import HSISceneConfig
+    from sciformer.data.hsi.predict import _read_for_prediction
+
+    for key in ("image_key", "wavelength_key"):  # given on the command line: refused, as training refuses it
+        assert predict(scene, scene["cube"], tmp_path / "x.npy", f"data.{key}=no_such_key") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"scene.mat: {key} 'no_such_key' not found; available keys: cube" in err[0], err
+    assert not (tmp_path / "x.npy").exists()
+    cfg = HSISceneConfig(source="old.mat", image_key="radiance", wavelength_key="centres")  # the checkpoint's own keys
+    scene_read, _ = _read_for_prediction(cfg, scene["cube"], {"image_key": "radiance", "wavelength_key": "centres"})
+    assert scene_read.meta["image_key"] == "cube"  # another file: found automatically

@@ -86,9 +86,11 @@ def load_for_inference(ckpt_path: Path, overrides: list[str], device_name: str |
 
 
 def predictor_state(state: dict[str, Any], exp: Experiment) -> dict[str, Any]:
-    """A checkpoint's data state with the model's ``position_source`` (band index or wavelength),
-    as the dataset's predictor and :meth:`TaskData.match_checkpoint` take it."""
+    """A checkpoint's data state with the model's ``position_source`` (band index or wavelength)
+    and its data config as trained (``data_config``: what an override changed), as the dataset's
+    predictor and :meth:`TaskData.match_checkpoint` take it."""
     out = dict(state.get("data_state") or {})
+    out["data_config"] = dict((state.get("config") or {}).get("data") or {})
     source = getattr(exp.model_params, "position_source", None)
     if source is not None:
         out["position_source"] = str(source)

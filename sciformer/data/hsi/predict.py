@@ -49,13 +49,18 @@ from sciformer.utils.progress import progress
 PREDICT_SUFFIXES = (".npy", ".png", ".hdr", ".img", *GEOTIFF_SUFFIXES)
 
 
-def _read_for_prediction(cfg: HSISceneConfig, input_path: Path) -> tuple[Scene, dict[str, Any] | None]:
-    """The scene of an input file (and its georeference: ENVI map info or GeoTIFF transform + CRS)."""
+def _read_for_prediction(cfg: HSISceneConfig, input_path: Path, trained: dict[str, Any]) -> tuple[Scene, dict[str, Any] | None]:
+    """The scene of an input file (and its georeference: ENVI map info or GeoTIFF transform + CRS).
+
+    An ``image_key`` / ``wavelength_key`` the input lacks is looked for automatically when it is
+    the training file's (``trained``: the checkpoint's data config), and refused when it was
+    given for this prediction (an override).
+    """
     if is_builtin(str(input_path)) and not input_path.exists():
         return load_builtin(str(input_path)), None
     keys = list_arrays(input_path)
-    image_key = cfg.image_key if cfg.image_key in keys else None
-    wavelength_key = cfg.wavelength_key if cfg.wavelength_key in keys else None
+    image_key, wavelength_key = (getattr(cfg, name) if getattr(cfg, name) in keys or getattr(cfg, name) != trained.get(name) else None
+                                 for name in ("image_key", "wavelength_key"))
     scene = read_scene(input_path, image_key, labels="none", wavelength_key=wavelength_key)
     try:  # a label map in the same file only decorates the PNG
         scene.gt = read_labels(input_path, None, scene.cube.shape[:2])
@@ -173,7 +178,7 @@ def predict_hsi_file(
     padding = str(state.get("padding", cfg.padding))
     trained = TrainedBands.from_state(state)
     given = None if options.wavelengths is None else read_wavelength_spec(options.wavelengths, option("--wavelengths"))
-    scene, georef = _read_for_prediction(cfg, input_path)
+    scene, georef = _read_for_prediction(cfg, input_path, state.get("data_config") or {})
     wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), option("--wavelengths"))
     scene.cube, wl = arrange_bands(state, scene.cube, wl, str(input_path))
     plan = plan_bands(trained, scene.num_bands, wl, str(input_path), allow_mismatch=options.allow_band_mismatch)
