@@ -42,7 +42,7 @@ class Context:
     channel_unit: str = "input channels"
     patch: tuple[Any, Any] = (None, None)
     categories: tuple[int, int] = (0, 0)
-    params: list[tuple[str, Any, Any]] = field(default_factory=list)  # (model.key, checkpoint value, asked value)
+    params: list[tuple[str, Any, Any]] = field(default_factory=list)  # (model.key, checkpoint value, asked value); no dropout
 
 
 def context(state: dict[str, Any], exp_dict: dict[str, Any], info: dict[str, Any]) -> Context:
@@ -51,7 +51,7 @@ def context(state: dict[str, Any], exp_dict: dict[str, Any], info: dict[str, Any
     dst_cfg = exp_dict.get("model") or {}
     src_info = state.get("data_info") or {}
     params = [(f"model.{k}", src_cfg.get(k), dst_cfg.get(k)) for k in sorted(set(src_cfg) | set(dst_cfg))
-              if k != "name" and src_cfg.get(k) != dst_cfg.get(k)]
+              if k != "name" and "drop" not in k and src_cfg.get(k) != dst_cfg.get(k)]  # dropout rates shape no tensor
     unit = "bands" if info.get("patch_size") is not None else "input channels"
     if info.get("features") is not None or src_info.get("features") is not None:
         unit = "feature channels"

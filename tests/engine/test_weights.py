@@ -184,3 +184,11 @@ def test_weights_of_another_kind_of_number_are_refused_not_converted(dtype: torc
         init_from_checkpoint(src, ckpt, exp, dataclasses.asdict(info))
     weights["head.weight"] = weights["head.weight"].real.to(torch.float64) if dtype.is_complex else weights["head.weight"].double()
     load_strict(src, state, "c.pt", exp, dataclasses.asdict(info))  # another float width loads, as torch converts it exactly
+
+
+def test_a_dropout_change_is_no_reason_for_a_shape() -> None:
+    from sciformer.engine.weights import context, reason
+
+    state = {"config": {"model": {"name": "m", "dim": 32, "dropout": 0.0, "attn_drop": 0.0}}, "data_info": {}}
+    ctx = context(state, {"model": {"name": "m", "dim": 16, "dropout": 0.1, "attn_drop": 0.2}}, {})
+    assert reason(ctx, (32,), (16,))[1] == "model.dim 32 -> 16"  # dropout rates size no tensor
