@@ -194,9 +194,11 @@ def bands_ascending(cube: np.ndarray, wl: np.ndarray | None, where: str,
 
 
 def describe(wl: np.ndarray | None) -> str:
-    """``'200 bands, 400.0-2499.0 nm'`` for messages."""
+    """``'200 bands, 400.0-2499.0 nm'`` (``'1 band, 646.7 nm'``) for messages."""
     if wl is None:
         return "no wavelengths"
+    if wl.size == 1:
+        return f"1 band, {float(wl[0]):.1f} nm"
     return f"{wl.size} bands, {float(wl.min()):.1f}-{float(wl.max()):.1f} nm"
 
 

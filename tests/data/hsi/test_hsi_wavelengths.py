@@ -21,7 +21,7 @@ from sciformer.contracts import BuildContext
 from sciformer.data.hsi.georef import georef_from_envi_header
 from sciformer.data.hsi.readers import read_labels, read_scene
 from sciformer.data.hsi.task import build_hsi_scene
-from sciformer.data.hsi.wavelengths import given_nanometres, read_wavelength_spec, to_nanometres
+from sciformer.data.hsi.wavelengths import describe, given_nanometres, read_wavelength_spec, to_nanometres
 from sciformer.errors import ConfigError, DataError
 
 
@@ -320,3 +320,8 @@ def test_a_one_band_envi_cube_with_a_centre_is_a_cube_a_classification_a_label_m
     for extra in ("classes = 20\n" + centre, "class names = {a, b}\n" + centre, ""):  # the header says label map, or gives no centre
         header = write_envi_text(tmp_path, cube, extra)
         np.testing.assert_array_equal(read_labels(header), cube[:, :, 0].astype(np.int64))
+
+
+def test_a_band_set_is_described_in_words_that_agree_with_its_count() -> None:
+    assert describe(np.array([646.72])) == "1 band, 646.7 nm"
+    assert describe(np.array([400.0, 2499.0])) == "2 bands, 400.0-2499.0 nm"
