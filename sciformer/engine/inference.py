@@ -281,23 +281,24 @@ def plan_outputs(inputs: list[Path], output: Path, suffixes: tuple[str, ...], *,
         written = [out] if out.suffix.lower() not in _ENVI_OUTPUT else [out.with_suffix(".hdr"), out.with_suffix(".img")]  # ENVI: lower case
         written += beside(out) if beside is not None else []
         for w in written:
+            name = f"--output '{w}'" if w == out else f"--output '{out}': '{w}'"  # what was given, then the file it writes
             first = planned.setdefault(w.resolve(), out)
             if first != out:
-                raise SciformerError(f"--output '{w}' would be written for two inputs (as '{first.name}' and beside "
+                raise SciformerError(f"{name} would be written for two inputs (as '{first.name}' and beside "
                                      f"'{out.name}'); predict them separately")
             if w.resolve() in taken or (w.exists() and (w.stat().st_dev, w.stat().st_ino) in inodes):
-                raise SciformerError(f"--output '{w}' is an input file; predictions never replace their input")
+                raise SciformerError(f"{name} is an input file; predictions never replace their input")
             if str(w.resolve()).casefold() in sidecars:
-                raise SciformerError(f"--output '{w}' would be read with input '{sidecars[str(w.resolve()).casefold()]}' "
+                raise SciformerError(f"{name} would be read with input '{sidecars[str(w.resolve()).casefold()]}' "
                                      "(its ENVI header or data file, or its label file); choose another output name")
             owner = labelled_by(w) if labelled_by is not None else None
             if owner is not None:
                 raise SciformerError(f"--output '{w}' is the label file data.label_files pairs with '{owner}' (read as its "
                                      "truth by train and evaluate); choose another output name")
             if w.is_dir():  # --overwrite would not help
-                raise SciformerError(f"--output '{w}' is a directory")
+                raise SciformerError(f"{name} is a directory")
             if os.path.lexists(w) and not overwrite:  # a dangling link too: writing would follow it
-                raise SciformerError(f"--output '{w}' exists; pass --overwrite to replace it")
+                raise SciformerError(f"{name} exists; pass --overwrite to replace it")
             _check_name_length(w)
     return pairs
 

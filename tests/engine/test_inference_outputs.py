@@ -125,3 +125,13 @@ def test_what_is_no_input_by_its_name_stays_out_of_a_folder_or_glob(tmp_path: Pa
     (tmp_path / ".hidden.las").symlink_to("/mnt/unmounted/x.las")  # hidden: no input of a folder
     assert expand_inputs([str(tmp_path)]) == [tmp_path / "a.npy"]
     assert expand_inputs([str(tmp_path / "*")]) == [tmp_path / "a.npy", tmp_path / "notes.md"]
+
+
+def test_a_refused_output_names_what_was_given_then_the_file_it_writes(tmp_path: Path) -> None:
+    header = tmp_path / "cp.hdr"
+    header.write_text("ENVI\n")
+    given = tmp_path / "cp.img"  # an ENVI map: it writes cp.hdr, the input
+    with pytest.raises(SciformerError, match=rf"^--output '{given}': '{header}' is an input file"):
+        plan_outputs([header], given, (".npy", ".hdr", ".img"))
+    with pytest.raises(SciformerError, match=rf"^--output '{header}' is an input file"):  # the file given: named once
+        plan_outputs([header], header, (".npy", ".hdr", ".img"))
