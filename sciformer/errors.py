@@ -33,6 +33,10 @@ class DataError(SciformerError, ValueError):
     """An input file or array is unreadable or inconsistent: names the file or key."""
 
 
+class LabelsMissing(DataError):
+    """A scene has no label map, or none labelled, where its split needs one."""
+
+
 class CheckpointError(SciformerError, ValueError):
     """A checkpoint is missing, truncated, foreign or unsafe."""
 

@@ -3,7 +3,8 @@
 The experiment's data (split, normalisation fitted on its training pixels, patches,
 augmentation), model, optimizer, schedule, batch size, seed, threads, steps per epoch and
 gradient clip are used as they are; ``epochs``, the hidden fractions and the band-group
-size are the command's own. No label enters the objective. The run folder gets::
+size are the command's own. No label enters the objective, but the split is drawn from the
+scene's label map: a scene without one is refused in one line saying so. The run folder gets::
 
     config.yaml                 the resolved experiment
     pretrain.json               settings, scene, seed, pixels used, the loss of every epoch
@@ -46,7 +47,7 @@ from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunLock, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.signals import signals_held
-from sciformer.errors import ConfigError, SciformerError
+from sciformer.errors import ConfigError, LabelsMissing, SciformerError
 from sciformer.frontend import init_from_command, option
 from sciformer.spectral.pretrain import MaskedBandModelling, hidden_groups, hidden_pixels
 from sciformer.utils.atomic import atomic_write_text
@@ -138,7 +139,11 @@ def _pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: A
     apply_threads(t.threads)
     device = pick_device(t.device)
     seed_everything(t.seed)
-    task = builders.build_task(exp)
+    try:
+        task = builders.build_task(exp)
+    except LabelsMissing as exc:  # no label enters the objective, but the split is drawn from the label map
+        raise LabelsMissing(f"{exc}; pretrain needs the scene's label map too: the experiment's split is drawn from it "
+                            "and the normalisation fitted on its training pixels (no label enters the objective)") from None
     if not hasattr(task, "pretrain_dataset"):
         raise ConfigError(f"pretrain: data '{exp.cfg.data.name}' has no unlabelled pixels to pre-train on; "
                           "masked-band pre-training is for hyperspectral scenes (hsi_scene)")

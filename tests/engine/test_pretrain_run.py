@@ -162,3 +162,16 @@ def test_pretrain_json_comes_after_the_checkpoint_and_compare_needs_both(scene: 
     (run / "checkpoints" / "best.pt").unlink()  # what a kill between the writes of an older version left
     header, table = compare_runs([run])
     assert table[0][header.index("status")] == "unfinished: no checkpoints/best.pt"
+
+
+def test_an_unlabelled_scene_is_refused_saying_why_pretrain_reads_labels(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from synthetic import make_hsi_scene, write_tiny_hsi_config
+
+    cube, _, _ = make_hsi_scene(h=16, w=18, bands=12, classes=3, block=4)
+    np.save(tmp_path / "cube.npy", cube)  # no label map anywhere
+    cfg = write_tiny_hsi_config(tmp_path, "source: cube.npy")
+    assert _pretrain(cfg, tmp_path / "pre") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cube.npy: no 2-D integer label map" in err, err
+    assert "pretrain needs the scene's label map too: the experiment's split is drawn from it" in err, err
+    assert not (tmp_path / "pre").exists()

@@ -35,7 +35,7 @@ from sciformer.data.hsi.containers import (
     open_container,
 )
 from sciformer.data.hsi.wavelengths import check_one_column, check_wavelengths, to_nanometres
-from sciformer.errors import DataError
+from sciformer.errors import DataError, LabelsMissing
 from sciformer.utils.limits import MAX_CLASS_ID
 
 LabelMode = Literal["required", "optional", "none"]
@@ -156,7 +156,7 @@ def _pick_label_key(
         )
     if mode == "required":
         want = "" if hw is None else f" of size {hw[0]} x {hw[1]}"
-        raise DataError(
+        raise LabelsMissing(
             f"{c.path}: no 2-D integer label map{want} found (arrays named like a mask are not taken); available keys: "
             f"{c._listing()}; name it with label_key (data.label_key) or give label_path"
         )
@@ -327,9 +327,9 @@ def read_scene(
             if names is None and lc.class_names:
                 names = list(lc.class_names)
     if gt is None and labels == "required":
-        raise DataError(f"{c.path}: no label map found; give label_key or label_path")
+        raise LabelsMissing(f"{c.path}: no label map found; give label_key or label_path")
     if gt is not None and labels == "required" and not gt.any():
-        raise DataError(f"{lc.path} [{lkey}]: label map has no labelled pixels (all 0); expected classes 1..K")
+        raise LabelsMissing(f"{lc.path} [{lkey}]: label map has no labelled pixels (all 0); expected classes 1..K")
     return Scene(
         cube=cube,
         gt=gt,
