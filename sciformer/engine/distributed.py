@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,25 @@ class DistContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    def rank0_path(self, path: Path) -> Path:
+        """Rank 0's ``path`` on every rank: a default run folder is named from each process's
+        own clock, so processes that reach it in different seconds name different folders."""
+        if not self.enabled:
+            return path
+        shared: list[object] = [str(path)]
+        dist.broadcast_object_list(shared, src=0)
+        return Path(str(shared[0]))
+
+    def check_one_folder(self, run_dir: Path, device: torch.device) -> None:
+        """Refuse a run folder whose lock (taken by rank 0) some process does not see."""
+        if not self.any(not (run_dir / ".lock").is_file(), device):
+            return
+        if ranks.machines_of_launch() > 1:
+            raise SciformerError(f"the run folder {run_dir} is not one folder for every process: with torchrun --nnodes > 1, "
+                                 "--output-dir must be on a file system all machines share")
+        raise SciformerError(f"the run folder {run_dir} is not one folder for every process: rank 0 holds its lock "
+                             "and another process does not see it (was the folder moved or removed meanwhile?)")
 
 
 def init_distributed(device_name: str) -> DistContext:

@@ -22,7 +22,8 @@ from sciformer.utils.ranks import is_main_process
 
 
 def default_run_dir(name: str) -> Path:
-    """``runs/<name>-<YYYYmmdd-HHMMSS>`` (relative to the working folder)."""
+    """``runs/<name>-<YYYYmmdd-HHMMSS>`` (relative to the working folder); under torchrun every
+    process takes rank 0's name (:meth:`DistContext.rank0_path`)."""
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -114,14 +115,14 @@ def run_training(exp: Experiment, run_dir: Path, state: dict[str, Any] | None = 
         try:
             try:
                 if trainer.dist.is_main:
-                    run_log.attach(run_dir / "train.log", append=state is not None)
+                    run_log.attach(trainer.run_dir / "train.log", append=state is not None)
                 else:
                     run_log.drop()
                 result = trainer.fit()
             finally:
                 shutdown(trainer.dist)
             if trainer.dist.is_main:
-                write_report(run_dir, quiet=True)
+                write_report(trainer.run_dir, quiet=True)
         finally:  # unlocked now, also after an error or Ctrl-C: a caller's traceback keeps the trainer (and
             if trainer._lock is not None:  # its lock) alive, and sciformer.train(resume=RUN) must find the folder free
                 trainer._lock.release()

@@ -69,6 +69,7 @@ class Trainer:
         self.resume_state = resume_state
         t = self.cfg.train
         self.dist = init_distributed(t.device)
+        self.run_dir = run_dir = self.dist.rank0_path(run_dir)  # a default folder is named by rank 0's clock
         self._lock: RunLock | None = None
         try:
             with signals_held():  # before any work; a signal meanwhile is raised once self._lock can undo the folder
@@ -91,9 +92,7 @@ class Trainer:
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
         self.dist.barrier()  # rank 0 holds the run folder's lock by now: every process must see it
-        if self.dist.any(not (self.run_dir / ".lock").is_file(), self.device):
-            raise SciformerError(f"the run folder {self.run_dir} is not one folder for every process: with torchrun --nnodes > 1, "
-                                 "--output-dir must be on a file system all machines share")
+        self.dist.check_one_folder(self.run_dir, self.device)
         if self.dist.enabled and t.batch_size < 2 * self.dist.world_size:
             raise SciformerError(f"train.batch_size {t.batch_size} is the global batch; with {self.dist.world_size} processes it must be at least {2 * self.dist.world_size}")
         if t.amp == "fp16" and self.device.type != "cuda":

@@ -27,3 +27,13 @@ def world_size() -> int:
     except ValueError:
         return 1
 
+
+
+def machines_of_launch() -> int:
+    """How many machines torchrun spread this launch over: 1 when every process is local
+    (``LOCAL_WORLD_SIZE`` equals ``WORLD_SIZE``) or when torchrun did not say."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "") or world_size())
+    except ValueError:
+        return 1
+    return 1 if local <= 0 or local >= world_size() else -(-world_size() // local)

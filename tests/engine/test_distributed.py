@@ -168,3 +168,44 @@ def test_a_world_size_torchrun_did_not_set_is_one_process(value: str, monkeypatc
     monkeypatch.setenv("WORLD_SIZE", value)
     assert world_size() == 1
     check_one_process("evaluate")  # not refused
+
+
+_LATE_RANK = r"""
+import os
+import runpy
+import sys
+import time
+
+if os.environ.get("LOCAL_RANK") == "1":
+    time.sleep(1.5)  # rank 1 names its default run folder in a later second than rank 0 (a busy machine)
+sys.argv[0] = "sciformer"
+runpy.run_module("sciformer", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_takes_rank_0s_default_run_folder(tmp_path: Path) -> None:
+    """Without --output-dir, each process used to name runs/<name>-<time> from its own clock, and
+    ranks a second apart stopped on "not one folder for every process ... --nnodes > 1". The run
+    stops on the batch-size check that follows the folder check: the folder was one folder."""
+    cfg = _scene(tmp_path, "sgd")
+    (tmp_path / "late_rank.py").write_text(_LATE_RANK)
+    repo = Path(__file__).resolve().parents[2]  # this checkout's sciformer, not an installed one
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])}
+    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "late_rank",
+                            "train", "-c", str(cfg), "train.batch_size=2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    ours = [ln for ln in multi.stderr.splitlines() if ln.startswith("sciformer train:")]
+    assert ours == ["sciformer train: error: train.batch_size 2 is the global batch; with 2 processes it must be at least 4"], multi.stderr[-3000:]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # the refused run left no folder
+
+
+@pytest.mark.parametrize("env,machines", [({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}, 1), ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, 2),
+                                          ({"WORLD_SIZE": "4"}, 1), ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "x"}, 1)])
+def test_the_machines_of_a_launch_come_from_torchrun(env: dict[str, str], machines: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder mismatch blames --nnodes > 1 only when the processes are on several machines."""
+    from sciformer.utils.ranks import machines_of_launch
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert machines_of_launch() == machines
