@@ -169,8 +169,15 @@ def write_csv(out: Path, text: str, runs: list[Path], *, overwrite: bool = False
     atomic_write_text(out, text)
 
 
+def _shown(cell: str) -> str:
+    """A table cell on one line: trailing whitespace dropped (a folded YAML ``description: >`` ends
+    in a newline), other newlines, tabs and control characters escaped (``\\n``)."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], cell.rstrip())
+
+
 def format_table(header: list[str], rows: list[list[str]]) -> str:
-    """Columns aligned with two spaces, a rule under the header."""
+    """Columns aligned with two spaces, a rule under the header; one line per row (:func:`_shown`)."""
+    header, rows = [_shown(c) for c in header], [[_shown(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip(),
              "  ".join("-" * w for w in widths)]

@@ -113,3 +113,17 @@ def test_a_damaged_run_file_is_one_line_naming_it(tmp_path: Path, capsys: pytest
     assert main(["compare", str(good), str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and str(bad) in err[0], err
+
+
+def test_the_table_has_one_line_per_run_whatever_the_values_hold(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A folded ``description: >`` ends in a newline and a folder name may hold one: each row stays one line."""
+    runs = [fake_run(tmp_path / "a", metrics=TEST), fake_run(tmp_path / "two\nlines", metrics=TEST, lr=0.1)]
+    for run, text in zip(runs, ["first run\n", "second\trun\n"], strict=True):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**config, "description": text}))
+    assert main(["compare", *map(str, runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4, lines  # header, rule, two rows
+    assert lines[2].split()[:4] == [str(runs[0]), "finished", "first", "run"]
+    assert lines[3].startswith(str(tmp_path / "two\\nlines")) and "second\\trun" in lines[3]
+
