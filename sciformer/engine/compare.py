@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sciformer.engine.folder_lock import lock_holder
 from sciformer.errors import ConfigError, DataError, SciformerError
 from sciformer.utils import yamlio
 from sciformer.utils.atomic import atomic_write_text
@@ -96,15 +97,18 @@ def _run_files(run: Path) -> tuple[dict[str, Any], dict[str, Any], bool]:
 def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretrain: bool) -> str:
     """``finished`` or ``unfinished: epoch E of N`` from ``checkpoints/last.pt``'s records (its
     tensors are not read) against ``train.epochs`` of ``config.yaml``, and whether ``metrics.json``
-    belongs to that state (a run resumed with more epochs keeps its earlier result until it ends)."""
+    belongs to that state (a run resumed with more epochs keeps its earlier result until it ends);
+    ``running (pid P): epoch E of N`` while a live process of this machine holds the run's lock."""
     from sciformer.engine.checkpoint import checkpoint_progress  # torch: only when runs are compared
     from sciformer.engine.selection import stopped_early
 
     last = run / "checkpoints" / "last.pt"
+    holder = lock_holder(run)  # a run that a process of this machine is writing now
+    running = f"running (pid {holder})" if holder is not None else None
     if pretrain:  # pretrain.json is written after checkpoints/best.pt; a kill between older writes left it without
         return "finished" if (run / "checkpoints" / "best.pt").is_file() else "unfinished: no checkpoints/best.pt"
     if not os.path.lexists(last):
-        return "no checkpoints/last.pt"
+        return f"{running}: no checkpoints/last.pt yet" if running else "no checkpoints/last.pt"
     progress = checkpoint_progress(last)
     done, step, best = progress["epoch"], progress["step_in_epoch"], progress["best_epoch"]
     epochs, patience = config.get("train.epochs"), config.get("train.early_stop_patience")
@@ -114,7 +118,7 @@ def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretr
              and stopped_early({"epoch": best}, [last_row], patience, val_every))  # the rule the trainer stops by
     if not isinstance(epochs, int) or step or not (done >= epochs or early):
         where = f"epoch {done} of {epochs}" + (f" (+{step} steps)" if step else "")
-        return f"unfinished: {where}" + ("; metrics.json is from an earlier end" if metrics.keys() - {"pretrain_loss"} else "")
+        return f"{running or 'unfinished'}: {where}" + ("; metrics.json is from an earlier end" if metrics.keys() - {"pretrain_loss"} else "")
     status = "finished" + (" (early stop)" if done < epochs else "")
     if not metrics.keys() - {"pretrain_loss"}:
         return status + "; no metrics.json"

@@ -102,6 +102,57 @@ def holds_pid_only(fd: int) -> bool:
     return not data or (len(data) <= PID_BYTES and data.strip().isdigit())
 
 
+def lock_holder(folder: Path, name: str = ".lock") -> int | None:
+    """The pid of the live process of this machine that holds ``folder/name`` locked, or None (no
+    lock file, one a killed process left, a pid no process has now). Nothing is locked, written or
+    waited on: the pid the file records must be alive and, where the kernel lists its locks
+    (``/proc/locks``), hold a lock on that file (a reused pid does not)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        text = os.pread(fd, PID_BYTES, 0).strip() if stat.S_ISREG(st.st_mode) and holds_pid_only(fd) else b""
+    finally:
+        os.close(fd)
+    pid = int(text) if text else 0
+    if pid <= 0 or not _alive(pid):
+        return None
+    held = _kernel_flocks()
+    return pid if held is None or (pid, st.st_ino) in held else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _kernel_flocks() -> set[tuple[int, int]] | None:
+    """(pid, inode) of every flock held on this machine (Linux ``/proc/locks``); None where not listed."""
+    try:
+        lines = Path("/proc/locks").read_text(encoding="ascii", errors="replace").splitlines()
+    except OSError:
+        return None
+    out = set()
+    for line in lines:
+        parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (a waiter has "->" after the number)
+        if len(parts) > 5 and parts[1] == "FLOCK" and parts[4].isdigit():
+            inode = parts[5].rsplit(":", 1)[-1]
+            if inode.isdigit():
+                out.add((int(parts[4]), int(inode)))
+    return out
+
+
 def _names(path: Path, handle: IO[str]) -> bool:
     """Whether ``path`` names the file open as ``handle`` (same device and inode)."""
     try:

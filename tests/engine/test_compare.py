@@ -127,3 +127,24 @@ def test_the_table_has_one_line_per_run_whatever_the_values_hold(tmp_path: Path,
     assert lines[2].split()[:4] == [str(runs[0]), "finished", "first", "run"]
     assert lines[3].startswith(str(tmp_path / "two\\nlines")) and "second\\trun" in lines[3]
 
+
+def test_a_run_its_process_is_writing_shows_running_with_that_pid(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The lock a live process holds is "running"; a lock file a killed run left (its pid gone, or a pid
+    alive now that holds no lock on the file) is unfinished."""
+    import os
+    import subprocess
+    import sys
+
+    from sciformer.engine.folder_lock import drop_folder_lock, open_folder_lock
+
+    live, gone, reused = (fake_run(tmp_path / n, epochs=2000, done=169, metrics=None) for n in ("live", "gone", "reused"))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    (gone / ".lock").write_text(ended.stdout)
+    (reused / ".lock").write_text(f"{os.getppid()}\n")  # alive, but holds no lock on this file
+    handle = open_folder_lock(live, flag="--output-dir")
+    try:
+        status = [r["status"] for r in table(capsys, live, gone, reused)]
+    finally:
+        drop_folder_lock(live, ".lock", handle)
+    assert status == [f"running (pid {os.getpid()}): epoch 169 of 2000", "unfinished: epoch 169 of 2000", "unfinished: epoch 169 of 2000"]
+    assert [r["status"] for r in table(capsys, live)] == ["unfinished: epoch 169 of 2000"]  # the lock was released
