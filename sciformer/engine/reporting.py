@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from sciformer.errors import SciformerError
+from sciformer.errors import DataError, SciformerError
 from sciformer.utils.atomic import atomic_write_with
 from sciformer.utils.text import drawable
 
@@ -151,10 +151,22 @@ def metrics_csv_text(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -
 
 
 def read_metrics_csv(path: Path) -> list[dict[str, float]]:
-    """Rows of a run's ``metrics.csv`` as floats (NaN for empty cells)."""
+    """Rows of a run's ``metrics.csv`` as floats (NaN for empty cells); a file without its header
+    line (an ``epoch`` column), a row of another length or a value that is no number is a one-line
+    DataError naming the file."""
     with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    return [{k: (float(v) if v not in ("", None) else math.nan) for k, v in row.items()} for row in rows]
+        lines = [row for row in csv.reader(fh) if row]
+    if not lines or "epoch" not in lines[0]:
+        raise DataError(f"'{path}' has no header line naming its columns (epoch, train_loss, ...); it is not a metrics.csv sciformer writes")
+    header, rows = lines[0], []
+    for number, row in enumerate(lines[1:], 2):
+        if len(row) != len(header):
+            raise DataError(f"'{path}' row {number} has {len(row)} values for the header's {len(header)} columns")
+        try:
+            rows.append({k: (float(v) if v != "" else math.nan) for k, v in zip(header, row, strict=True)})
+        except ValueError:
+            raise DataError(f"'{path}' row {number} holds a value that is not a number") from None
+    return rows
 
 
 def read_confusion_csv(path: Path) -> tuple[list[str], np.ndarray]:
@@ -255,12 +267,14 @@ def write_report(run_dir: str | Path, *, quiet: bool = False) -> list[Path]:
         if not (run_dir / "config.yaml").is_file():  # its curves.png would be someone else's figure
             raise SciformerError(f"report: '{run_dir}' has no config.yaml, so it is not a sciformer run folder; "
                                  "report redraws only a run's own curves.png and confusion_matrix.png")
-        if metrics.is_file():
-            rows = read_metrics_csv(metrics)
-            if rows:
-                pretraining = (run_dir / "pretrain.json").is_file()  # `sciformer pretrain`: the loss is the masked-band loss
-                written.append(plot_curves(rows, run_dir / "curves.png", title=label + (" (masked-band pre-training)" if pretraining else ""),
-                                           no_scores="no labels: masked-band pre-training" if pretraining else "no validation split"))
+        if not metrics.is_file():  # curves.png would stay as it was, looking redrawn
+            raise SciformerError(f"report: '{metrics}' is missing, so curves.png cannot be redrawn; restore the run's file")
+        rows = read_metrics_csv(metrics)
+        if not rows:
+            raise SciformerError(f"report: '{metrics}' holds no epoch rows, so curves.png cannot be drawn")
+        pretraining = (run_dir / "pretrain.json").is_file()  # `sciformer pretrain`: the loss is the masked-band loss
+        written.append(plot_curves(rows, run_dir / "curves.png", title=label + (" (masked-band pre-training)" if pretraining else ""),
+                                   no_scores="no labels: masked-band pre-training" if pretraining else "no validation split"))
         if confusion.is_file():
             names, matrix = read_confusion_csv(confusion)
             written.append(plot_confusion(names, matrix, run_dir / "confusion_matrix.png",

@@ -173,3 +173,26 @@ def test_metrics_csv_text_round_trip(tmp_path) -> None:
     path.write_text(text)
     back = read_metrics_csv(path)
     assert back[1] == {"epoch": 2.0, "train_loss": 0.25, "val_loss": 0.75} and math.isnan(back[0]["val_loss"])
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (None, "metrics.csv' is missing, so curves.png cannot be redrawn"),
+    ("garbage\n", "metrics.csv' has no header line"),
+    ("1,2,0.1,0.9\n", "metrics.csv' has no header line"),  # its rows without the header
+    ("epoch,step,lr,train_loss\n", "metrics.csv' holds no epoch rows"),
+    ("epoch,step,lr,train_loss\n1,2,0.1,0.9,7\n", "metrics.csv' row 2 has 5 values for the header's 4 columns"),
+    ("epoch,step,lr,train_loss\n1,2,0.1,abc\n", "metrics.csv' row 2 holds a value that is not a number"),
+])
+def test_report_without_a_readable_metrics_csv_is_one_line_and_draws_nothing(tmp_path: Path, capsys, content: str | None, needle: str) -> None:
+    """The old curves.png is never left standing as if report had redrawn it (the command ended 0 with it)."""
+    (tmp_path / "config.yaml").write_text("name: toy\n")
+    (tmp_path / "confusion_matrix.csv").write_text("truth,a,b\na,3,1\nb,0,4\n")
+    for name in ("curves.png", "confusion_matrix.png"):
+        (tmp_path / name).write_bytes(b"an earlier figure")
+    if content is not None:
+        (tmp_path / "metrics.csv").write_text(content)
+    assert main(["report", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1 and needle in captured.err, captured.err
+    assert str(tmp_path / "metrics.csv") in captured.err
+    assert all((tmp_path / name).read_bytes() == b"an earlier figure" for name in ("curves.png", "confusion_matrix.png"))
