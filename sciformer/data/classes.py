@@ -97,7 +97,7 @@ class RegisteredDataset:
         return self._data
 
     def to_pyg(self) -> Any:
-        """The split as a dataset of ``torch_geometric.data.Data`` (point datasets)."""
+        """The split as a dataset of ``torch_geometric.data.Data`` (point datasets; a hyperspectral scene refuses)."""
         from sciformer.geometry.pyg import PyGDataset
 
         return PyGDataset(self._data)
@@ -140,6 +140,11 @@ class HyperspectralScene(RegisteredDataset):
     name = "hsi_scene"
     path_key = "source"
     renamed = {"protocol": "split"}  # noqa: RUF012
+
+    def to_pyg(self) -> Any:
+        """Refused in one line: the samples are spectral patches, not the point clouds PyG's ``Data`` holds."""
+        raise ConfigError("HyperspectralScene.to_pyg(): a hyperspectral scene's samples are (B, p, p) patches, not point clouds; "
+                          "to_pyg() is for ModelNet, S3DIS, ShapeNetPart and LasTiles (batch patches with .collate(items))")
 
 
 __all__ = ["S3DIS", "HyperspectralScene", "LasTiles", "ModelNet", "RegisteredDataset", "ShapeNetPart"]

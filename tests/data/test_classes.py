@@ -45,3 +45,18 @@ def test_hyperspectral_scene_iterates_patches(tmp_path: Path) -> None:
         sciformer.HyperspectralScene(tmp_path / "cube.npy", label_path=str(tmp_path / "gt.npy"), patch_size=4)
     with pytest.raises(ConfigError, match="split"):
         sciformer.ModelNet(tmp_path, split="training")
+
+
+def test_to_pyg_of_a_hyperspectral_scene_is_refused_at_once(tmp_path: Path) -> None:
+    """Its items are patches: the PyG view failed on its first item ("item 0 is a dict, expected a
+    point sample dict with 'coord'"), long after the call; a point dataset's to_pyg is unchanged."""
+    cube, gt, _ = make_hsi_scene(h=12, w=12, bands=6, classes=3, block=4)
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", gt)
+    scene = sciformer.HyperspectralScene(tmp_path / "cube.npy", label_path=str(tmp_path / "gt.npy"), patch_size=3,
+                                         protocol={"kind": "stratified", "train_per_class": 4, "val_fraction": 0.2})
+    with pytest.raises(ConfigError, match=r"HyperspectralScene.to_pyg\(\): .*patches, not point clouds") as caught:
+        scene.to_pyg()
+    assert "\n" not in str(caught.value)
+    root = write_s3dis(tmp_path / "s3dis", {1: ["office_1", "office_2"], 5: ["office_3"]}, malformed=False)
+    assert len(sciformer.S3DIS(root, split="test", crop_points=64).to_pyg()) == 1
