@@ -90,3 +90,21 @@ def test_scene_eval_rejects_point_changing_transforms(tmp_path: Path) -> None:
         ds[0]
     assert "must keep every point" in str(e.value)
 
+
+
+def test_the_readme_names_the_prediction_files_a_scene_gets(tmp_path: Path) -> None:
+    """The run-folder listing of README.md names what ``predictions/`` holds per point scene
+    (it said ``<scene>.npy``: the file is ``<scene>_pred.npy``)."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    listed = set()
+    for token in re.findall(r"^\s+predictions/(<scene>\S*)", readme, flags=re.MULTILINE):
+        first, *others = token.split("|")  # "<scene>.ply|.npy" lists <scene>.ply and <scene>.npy
+        stem = first[: first.index(".")] if "." in first else first
+        listed |= {first, *(stem + other for other in others)}
+    ds = SceneEvalDataset(_Toy(), grid_size=None, max_points=None, part_z="min", transform=None, features=[], seed=0)
+    list(scene_predictions(ds, _oracle, collate_points, batch_size=4, class_names=["low", "high"], out_dir=tmp_path, write_png=True))
+    written = {p.name.replace("toy_0", "<scene>") for p in tmp_path.iterdir() if p.name.startswith("toy_0")}
+    assert written == {"<scene>.ply", "<scene>_pred.npy", "<scene>.png"}
+    assert listed == written
