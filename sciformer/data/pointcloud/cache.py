@@ -23,9 +23,12 @@ def cache_key(*parts: Any) -> str:
 
 
 def file_identity(path: Path) -> list[Any]:
-    """Path, size and modification time (in nanoseconds): changes when the file does."""
+    """Path, size, modification time, inode change time (both in nanoseconds) and inode number:
+    changes when the file does, even when a rewrite keeps the size and puts the modification
+    time back (``os.utime``, ``cp -p``, ``rsync -a``, ``tar x``: none can set the change time,
+    and a copy is a new inode). A spurious change only costs a cache miss."""
     st = path.stat()
-    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def files_identity(paths: Sequence[Path]) -> list[Any]:

@@ -237,8 +237,7 @@ class SceneFiles(SceneSource):
         return self.paths[index].stem
 
     def key(self, index: int) -> str:
-        st = self.paths[index].stat()
-        return f"{self.paths[index].resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        return ":".join(map(str, file_identity(self.paths[index])))
 
     def load(self, index: int) -> Sample:
         if index in self._cache:

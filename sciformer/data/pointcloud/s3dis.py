@@ -133,7 +133,7 @@ def find_rooms(root: Path) -> list[tuple[int, str, Path]]:
 
 
 def room_sources(room_dir: Path) -> list[Any]:
-    """Name, size and modification time of each of a room's annotation files: a prepared room
+    """Name and :func:`file_identity` (less the path) of each of a room's annotation files: a prepared room
     whose record differs (a file renamed to another class, a malformed line mended, an object
     added) is prepared again."""
     return [[Path(p).name, *file_identity(p)[1:]] for p in sorted((room_dir / "Annotations").glob("*.txt"))]

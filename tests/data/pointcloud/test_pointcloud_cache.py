@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,26 @@ def test_file_identity_changes_with_content(tmp_path: Path) -> None:
     first = file_identity(path)
     path.write_text("12")
     assert file_identity(path) != first
+
+
+def test_file_identity_changes_when_rewrite_restores_size_and_mtime(tmp_path: Path) -> None:
+    """A rewrite of the same size whose modification time is put back (os.utime, cp -p,
+    rsync -a, tar x) is a different file to a cache: the change time and inode tell it apart."""
+    path = tmp_path / "scan.bin"
+    path.write_bytes(b"ab")
+    st = path.stat()
+    first = file_identity(path)
+    time.sleep(0.05)  # past the clock tick of the inode's timestamps
+    path.write_bytes(b"cd")  # same inode, same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns
+    second = file_identity(path)
+    assert second != first
+    other = tmp_path / "other.bin"  # cp -p of another file of that size over it: a new inode
+    other.write_bytes(b"ef")
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)
+    assert file_identity(path) not in (first, second)
 
 
 def test_save_and_load_arrays(tmp_path: Path) -> None:
