@@ -21,7 +21,7 @@ from sciformer.engine.folder_lock import drop_folder_lock, missing_folders, open
 from sciformer.engine.inference import predict_fn
 from sciformer.engine.loops import evaluate
 from sciformer.engine.metrics import ConfusionMatrix, PartIoU, Scores, format_table, label_scorer, percent
-from sciformer.engine.report import EVALUATION_FILES, check_predictions_replaceable, write_evaluation_set
+from sciformer.engine.report import EVALUATION_FILES, check_evaluation_replaceable, write_evaluation_set
 from sciformer.engine.runfolder import OWN_FOLDERS
 from sciformer.engine.signals import outputs_complete, undone_on_abrupt_exit
 from sciformer.errors import SciformerError
@@ -111,9 +111,10 @@ def evaluation_folder(files: list[Path], split: str) -> Path:
 
 def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse a run folder (its metrics.json is the run's own test result), a file, and, unless
-    ``overwrite``, a folder that already holds an evaluation's files. With ``overwrite``, a
-    ``predictions/`` holding anything no earlier evaluation recorded writing (a user's file, or
-    the unrecorded set of an older sciformer) is refused too, naming its first such entry:
+    ``overwrite``, a folder that already holds an evaluation's files. A table
+    (``per_class.csv``, ...) or a ``predictions/`` entry that no earlier evaluation wrote (a
+    user's file, or the unrecorded predictions of an older sciformer) is refused, ``overwrite``
+    or not, naming the first such entry (:func:`check_evaluation_replaceable`):
     ``--overwrite`` replaces an earlier evaluation's files, never others."""
     if out_dir.exists() and not out_dir.is_dir():
         raise SciformerError(f"--output-dir {out_dir} is a file; expected a folder")
@@ -124,8 +125,8 @@ def check_evaluation_dir(out_dir: Path, overwrite: bool) -> None:
                              "choose another folder, e.g. its evaluation/")
     if not out_dir.is_dir():
         return
+    check_evaluation_replaceable(out_dir)  # files of someone else's: --overwrite would not help
     if overwrite:
-        check_predictions_replaceable(out_dir)
         return
     found = [name for name in EVALUATION_FILES if (out_dir / name).exists()]
     if found:

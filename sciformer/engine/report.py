@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from sciformer.engine.compare import read_json_object
 from sciformer.engine.metrics import MIOU_RULE, Scores, finite_or_none, scores_to_dict
 from sciformer.engine.signals import undone_on_abrupt_exit
 from sciformer.errors import SciformerError
@@ -61,7 +62,7 @@ def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names:
     The caller holds the folder (a run's lock, or ``locked_evaluation_dir``), so stages an
     interrupted process left are removed first. ``only_recorded`` (``sciformer evaluate``):
     an existing ``predictions/`` is replaced only while it holds nothing but an earlier
-    evaluation's recorded set (:func:`unrecorded_entry`), checked again just before the swap;
+    evaluation's files (:func:`check_evaluation_replaceable`), checked again just before the swap;
     otherwise a one-line SciformerError and only the stage goes. Without it (a run's own
     folder) the whole ``predictions/`` is replaced.
     """
@@ -74,7 +75,7 @@ def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names:
             facts = {**extra, **(export(stage) or {})}
             _record_predictions(stage)
             if only_recorded:
-                check_predictions_replaceable(out_dir)
+                check_evaluation_replaceable(out_dir)
             with contextlib.suppress(FileNotFoundError):
                 (out_dir / "metrics.json").unlink()  # from here until it is written the folder holds no finished evaluation
             replacing = True
@@ -159,13 +160,33 @@ def _is_file(path: Path) -> bool:
     return False
 
 
-def check_predictions_replaceable(out_dir: Path) -> None:
-    """Refuse, in one line, an ``out_dir/predictions`` holding anything no earlier evaluation
-    wrote (:func:`unrecorded_entry`): ``--overwrite`` replaces an evaluation's files only."""
-    entry = unrecorded_entry(out_dir)
+def unrecorded_table(out_dir: Path) -> str | None:
+    """The first of ``out_dir``'s tables (:data:`EVALUATION_TABLES`) that no earlier evaluation
+    wrote, or None: each must be a regular file, in a folder whose ``metrics.json`` is an
+    evaluation's (a JSON object with its ``split`` and ``miou_rule``) or, where an evaluation
+    was cut short before writing it, whose ``predictions/`` holds a readable record."""
+    present = [name for name in EVALUATION_TABLES if os.path.lexists(out_dir / name)]
+    odd = [name for name in present if not _is_file(out_dir / name)]
+    if odd or not present:
+        return odd[0] if odd else None
+    if (out_dir / "metrics.json").exists():
+        try:
+            ours = {"split", "miou_rule"} <= read_json_object(out_dir / "metrics.json").keys()
+        except SciformerError:
+            ours = False
+    else:
+        ours = _recorded(out_dir / "predictions") is not None
+    return None if ours else present[0]
+
+
+def check_evaluation_replaceable(out_dir: Path) -> None:
+    """Refuse, in one line, an ``out_dir`` holding a ``predictions/`` entry (:func:`unrecorded_entry`)
+    or a table (:func:`unrecorded_table`) that no earlier evaluation wrote:
+    ``--overwrite`` replaces an evaluation's files only."""
+    entry = unrecorded_entry(out_dir) or unrecorded_table(out_dir)
     if entry is not None:
         raise SciformerError(f"--output-dir {out_dir} holds {entry}, which no earlier sciformer evaluation recorded writing "
-                             f"(an evaluation replaces only its own predictions; an older sciformer's keep no record); "
+                             f"(an evaluation replaces only its own files; an older sciformer's predictions keep no record); "
                              f"move it elsewhere or choose another --output-dir")
 
 

@@ -22,7 +22,7 @@ from sciformer.cli import main
 from sciformer.engine import builders
 from sciformer.engine.evaluation import check_evaluation_dir
 from sciformer.engine.metrics import scores_from_confusion
-from sciformer.engine.report import PREDICTIONS_RECORD, unrecorded_entry, write_evaluation_set
+from sciformer.engine.report import PREDICTIONS_RECORD, unrecorded_entry, unrecorded_table, write_evaluation_set
 from sciformer.errors import SciformerError
 from sciformer.utils.atomic import stale_stages
 
@@ -96,6 +96,35 @@ def test_a_second_overwrite_replaces_exactly_the_earlier_evaluation(run: Path, t
     assert main(["evaluate", "--checkpoint", str(run), "-o", str(out), "--overwrite"]) == 2
     assert "predictions/sub/mine.txt" in capsys.readouterr().err
     assert (out / "predictions" / "sub" / "mine.txt").read_text() == "mine" and len(exporting) == 2
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("mine", [{"per_class.csv": "my precious\n"}, {"metrics.json": '{"mine": 1}\n', "per_class.csv": "x\n"}])
+def test_a_users_tables_in_a_folder_without_an_evaluation_are_refused_and_kept(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, mine: dict[str, str], overwrite: bool) -> None:
+    """A folder holding files named like an evaluation's tables that no evaluation wrote (no
+    evaluation's metrics.json, no recorded predictions/): refused in one line, --overwrite or not."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    assert main(["evaluate", "--checkpoint", str(run), "-o", str(out), *(["--overwrite"] if overwrite else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no earlier sciformer evaluation" in err[0] and "an earlier evaluation)" not in err[0], err
+    assert _files(out) == mine
+
+
+def test_what_counts_as_an_evaluations_tables(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_evaluation_set(out, "test", SCORES, NAMES, {}, _export({"a.npy": "x"}))
+    assert unrecorded_table(out) is None  # a finished evaluation
+    (out / "metrics.json").unlink()  # one cut short before its metrics.json: its recorded predictions vouch for it
+    assert unrecorded_table(out) is None
+    (out / "predictions" / PREDICTIONS_RECORD).unlink()
+    assert unrecorded_table(out) == "per_class.csv"
+    (out / "per_class.csv").unlink()
+    (out / "per_class.csv").symlink_to(tmp_path)  # not a regular file: not an evaluation's
+    assert unrecorded_table(out) == "per_class.csv"
 
 
 @pytest.mark.parametrize("record", [None, "not json", '{"files": ["a.npy"]}'])
