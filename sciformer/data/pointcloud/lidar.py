@@ -77,7 +77,7 @@ from sciformer.data.pointcloud.scenes import (
     SceneSegmentationTask,
     SceneSource,
 )
-from sciformer.data.pointcloud.split_files import check_disjoint_splits
+from sciformer.data.pointcloud.split_files import check_disjoint_splits, scene_names
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     Compose,
@@ -165,8 +165,9 @@ class LasTiles(SceneSource):
     """Tiles decoded once into the cache; loads map codes, normalise colour and intensity."""
 
     def __init__(self, paths: list[Path], table: np.ndarray, intensity_scale: float | None, cache_dir: Path,
-                 geometric: bool = False) -> None:
+                 geometric: bool = False, listed: str = "data.test_files") -> None:
         self.paths = paths
+        self.names = scene_names(paths, listed)  # distinct: each names its own prediction files
         self.geometric = geometric
         self.table = table
         self.intensity_scale = intensity_scale
@@ -178,7 +179,7 @@ class LasTiles(SceneSource):
         return len(self.paths)
 
     def name(self, index: int) -> str:
-        return self.paths[index].stem
+        return self.names[index]
 
     def key(self, index: int) -> str:
         return self._keys[index]
@@ -342,7 +343,8 @@ def build_las_tiles(cfg: LasTilesConfig, ctx: BuildContext) -> SceneSegmentation
                                "drop 'colour' from data.features or use tiles with RGB")
     table = code_table(cfg.classes, cfg.unmapped)
     cache_dir = ctx.cache_dir / "las_tiles"
-    tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir, "geometric" in features) for s in paths}
+    tiles = {s: LasTiles(paths[s], table, cfg.intensity_scale, cache_dir, "geometric" in features, f"data.{s}_files")
+             for s in paths}
     splits, transforms = scene_datasets(
         cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: LasCropDataset(tiles["train"], cfg, features, tf, ctx.seed),
         tiles.__getitem__, features=features, part_z="min", seed=ctx.seed, cache_dir=cache_dir,

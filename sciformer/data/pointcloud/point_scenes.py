@@ -59,7 +59,7 @@ from sciformer.data.pointcloud.scenes import (
     SceneSegmentationTask,
     SceneSource,
 )
-from sciformer.data.pointcloud.split_files import check_disjoint_splits
+from sciformer.data.pointcloud.split_files import check_disjoint_splits, scene_names
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     Compose,
@@ -216,8 +216,10 @@ class SceneFiles(SceneSource):
     """Labelled scene files read on access (a few kept in memory); invalid points dropped
     (their rows are remembered: :meth:`left_out_rows`)."""
 
-    def __init__(self, paths: list[Path], cfg: PointScenesConfig, features: list[str], cache_dir: Path) -> None:
+    def __init__(self, paths: list[Path], cfg: PointScenesConfig, features: list[str], cache_dir: Path,
+                 listed: str = "data.test_files") -> None:
         self.paths = paths
+        self.names = scene_names(paths, listed)  # distinct: each names its own prediction files
         self.cfg = cfg
         self.features = features
         self.cache_dir = cache_dir
@@ -234,7 +236,7 @@ class SceneFiles(SceneSource):
         return self._left_out[index]
 
     def name(self, index: int) -> str:
-        return self.paths[index].stem
+        return self.names[index]
 
     def key(self, index: int) -> str:
         return ":".join(map(str, file_identity(self.paths[index])))
@@ -370,7 +372,7 @@ def build_point_scenes(cfg: PointScenesConfig, ctx: BuildContext) -> SceneSegmen
     table = class_table(cfg.classes)
     features = list(cfg.features)
     columns = cfg.columns if isinstance(cfg.columns, str) or cfg.columns is None else ",".join(cfg.columns)
-    files = {s: SceneFiles(ps, cfg, features, ctx.cache_dir / "point_scenes") for s, ps in paths.items()}
+    files = {s: SceneFiles(ps, cfg, features, ctx.cache_dir / "point_scenes", f"data.{s}_files") for s, ps in paths.items()}
     splits, transforms = scene_datasets(
         cfg, DEFAULT_TRAIN_TRANSFORMS, lambda tf: SceneCropDataset(files["train"], cfg, features, tf, ctx.seed),
         files.__getitem__, features=features, part_z="min", seed=ctx.seed,

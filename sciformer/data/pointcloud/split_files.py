@@ -76,3 +76,29 @@ def _read(read: Callable[[Path], T], where: str, path: Path) -> T:
         return read(path)
     except OSError as exc:
         raise DataError(f"{where}: {path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+
+
+def scene_names(paths: list[Path], where: str) -> list[str]:
+    """One distinct output name per file of a split: its stem (``t_points`` for
+    ``a/t_points.npy``); files sharing a stem are named by their path from the folder they
+    share, folders joined with ``__`` (``a__t_points``, ``b__t_points``), with the suffix too
+    where that is all that differs (``t_points_npy``, ``t_points_ply``). Names that would still
+    meet (a file named ``a__t_points.npy`` beside ``a/t_points.npy``) are a DataError naming
+    both files (``where``: the list they come from), so no prediction is written over another."""
+    names = [p.stem for p in paths]
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, name in enumerate(names):
+        groups[name].append(i)
+    for members in (m for m in groups.values() if len(m) > 1):
+        base = os.path.commonpath([os.path.abspath(paths[i].parent) for i in members])
+        parts = [Path(os.path.relpath(os.path.abspath(paths[i]), base)).parts for i in members]
+        stems = ["__".join((*part[:-1], paths[i].stem)) for i, part in zip(members, parts)]
+        whole = len(set(stems)) < len(stems)  # only the suffix differs somewhere: keep it
+        for i, part, stem in zip(members, parts, stems):
+            names[i] = "__".join((*part[:-1], paths[i].name.replace(".", "_"))) if whole else stem
+    seen: dict[str, Path] = {}
+    for p, name in zip(paths, names):
+        if name in seen:
+            raise DataError(f"{where}: {seen[name]} and {p} would both write predictions named '{name}'; rename one")
+        seen[name] = p
+    return names

@@ -320,3 +320,21 @@ def test_one_rule_names_the_label_file_of_a_point_file() -> None:
     assert read_beside(pts, {"label_files": ["_points.npy", "_labels.npy"]}) == [Path("/data/seq_00_labels.npy")]
     assert read_beside(pts, {}) == []
     assert labelled_by(Path("/data/seq_00_labels.npy"), {"label_files": ["_points.npy", "_labels.npy"]}) is None  # no such file
+
+
+def test_test_files_sharing_a_name_each_get_their_predictions(tmp_path: Path, ctx: BuildContext) -> None:
+    """Two test scenes named t.npy in two folders: one prediction file each, one row per row of its file."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    for sub, n in (("train", 50), ("a", 40), ("b", 30)):
+        (tmp_path / sub).mkdir()
+        np.save(tmp_path / sub / "t.npy", np.column_stack([rng.uniform(0, 5, (n, 3)), rng.integers(0, 2, n)]))
+    cfg = PointScenesConfig(root=str(tmp_path), train_files=["train/t.npy"], val_files=[], test_files=["a/t.npy", "b/t.npy"],
+                            classes=["p", "q"], columns=["x", "y", "z", "label"], crop_points=None)
+    task = build_point_scenes(cfg, ctx)
+    assert task.scene_names("test") == ["a__t", "b__t"]
+    out = tmp_path / "pred"
+    task.export_predictions(lambda batch: torch.zeros(len(batch["coord"]), 2), out, 4, {"ply": False, "png": False})  # (N, 2)
+    assert sorted(p.name for p in out.iterdir()) == ["a__t_pred.npy", "b__t_pred.npy"]
+    assert [len(np.load(out / f"{s}__t_pred.npy")) for s in "ab"] == [40, 30]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sciformer.data.pointcloud import split_files
-from sciformer.data.pointcloud.split_files import check_disjoint_splits
+from sciformer.data.pointcloud.split_files import check_disjoint_splits, scene_names
 from sciformer.errors import DataError
 
 SPAN = 1 << 13  # the ends read by the first test
@@ -106,3 +106,14 @@ def test_a_file_that_cannot_be_read_is_a_data_error(tmp_path: Path, monkeypatch:
     gone = tmp_path / "gone.las"  # listed, then removed before the check
     with pytest.raises(DataError, match=r"^data.val_files: .*gone.las: cannot read \(No such file or directory\)$"):
         check_disjoint_splits({"train": [a], "val": [gone], "test": []})
+
+
+def test_scene_names_are_distinct_and_keep_unshared_stems(tmp_path: Path) -> None:
+    """Each file of a split names its own predictions: the stem where no other file shares it,
+    else its path from the shared folder (or, where only the suffix differs, with the suffix)."""
+    paths = [tmp_path / "a" / "t_points.npy", tmp_path / "b" / "c" / "t_points.npy", tmp_path / "x.npy",
+             tmp_path / "d" / "s.npy", tmp_path / "d" / "s.ply"]
+    assert scene_names(paths, "data.test_files") == ["a__t_points", "b__c__t_points", "x", "s_npy", "s_ply"]
+    with pytest.raises(DataError, match=r"data.test_files: .*a__t_points.npy and .*t_points.npy would both write predictions named 'a__t_points'"):
+        scene_names([tmp_path / "a__t_points.npy", tmp_path / "a" / "t_points.npy", tmp_path / "b" / "t_points.npy"],
+                    "data.test_files")
