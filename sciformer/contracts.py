@@ -248,6 +248,10 @@ class TaskData(ABC):
         """Protocol facts printed with results and stored in ``metrics.json``."""
         return {}
 
+    def check_trainable(self) -> None:
+        """Refuse, in one line before any training step, a training split with no labelled
+        target (every label ignored: the model would never get a gradient); a no-op by default."""
+
     def class_counts(self) -> list[int] | None:
         """Labelled training targets (points, pixels, shapes) per class, for class-balanced
         losses (``train.class_weights: inverse_sqrt``); None where the task cannot count them."""

@@ -105,6 +105,7 @@ class Trainer:
             self.task.voting_dataset(self.cfg.evaluation.split, self.cfg.evaluation.votes)
         evaluation_views(exp, self.task)  # likewise
         check_split_not_empty(self.task, self.cfg.evaluation.split)
+        self.task.check_trainable()
         self.model = builders.build_model(exp, self.info).to(self.device)
         self.init_from: dict[str, Any] | None = None  # what train.init_from loaded (fine-tuning), for env.json
         if resume_state is None and t.init_from is not None:

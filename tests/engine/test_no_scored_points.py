@@ -49,3 +49,27 @@ def test_train_and_evaluate_on_a_test_scan_without_a_scored_point(data_root: Pat
     assert main(["evaluate", "--checkpoint", str(run), "-o", str(tmp_path / "ev")]) == 0
     out = capsys.readouterr()
     assert "no scored points (every label is ignored)" in out.out and (tmp_path / "ev" / "metrics.json").is_file()
+
+
+@pytest.mark.parametrize("val", [[], ["data.val_files=[]"]])
+def test_a_training_split_without_a_labelled_point_is_refused_before_training(
+        data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture, val: list[str]) -> None:
+    """SemanticKITTI labels saved whole (instance id in the upper 16 bits): no training label is a
+    class id of the table, so every training point is ignored. Refused in one line before any
+    epoch (it trained on nothing: loss 0, and with no validation a run that looked finished)."""
+    scans = data_root / "semantickitti_scans"
+    if not scans.is_dir():
+        pytest.skip("real SemanticKITTI scans absent (set SCIFORMER_DATA)")
+    root = tmp_path / "scans"
+    shutil.copytree(scans, root)
+    for name in ("seq01_000000", "seq01_000001"):
+        labels = root / f"{name}_labels.npy"
+        raw = np.load(labels).reshape(-1).astype(np.uint32)
+        labels.chmod(0o644)
+        np.save(labels, raw | ((np.arange(len(raw), dtype=np.uint32) % 14 + 1) << 16))  # instance ids 1..14 above
+    run = tmp_path / "run"
+    assert main(["train", "-c", str(EXPERIMENT), "-o", str(run), f"data.root={root}", *TINY, *val]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no training point has a class of data.classes" in err[0], err
+    assert "labels unmapped: ids 65" in err[0] and "lower 16 bits" in err[0]
+    assert not (run / "checkpoints" / "last.pt").exists() and not (run / "metrics.json").exists()

@@ -18,6 +18,9 @@ PointData = dict[str, np.ndarray]
 # two such points (and a norm of a centred one) stays finite in float32, as do the differences,
 # heights and relative positions taken of it.
 COORD_LIMIT = float(np.finfo(np.float32).max) ** 0.5 / 4
+
+LOWER16_HINT = ("SemanticKITTI labels keep the semantic class in the lower 16 bits and the instance id above "
+                "(class = label & 0xFFFF): name the raw .label files in data.label_files, or save label & 0xFFFF")
 _LABEL_NAMES = ("label", "labels", "class", "classification", "scalar_label", "scalar_classification",
                 "semantic", "segment", "seg", "category_id")
 _INTENSITY_NAMES = ("intensity", "scalar_intensity", "i", "reflectance")
@@ -120,7 +123,8 @@ def check_labels(path: Path | str, values: np.ndarray, what: str = "labels") -> 
     if values.size:
         low, high = float(values.min()), float(values.max())
         if low < -1 or high > MAX_CLASS_ID:
-            raise fail(path, f"{what}: label ids {low:g}..{high:g} are not plausible class ids (expected 0..{MAX_CLASS_ID})")
+            hint = f"; {LOWER16_HINT}" if high >= 1 << 16 else ""
+            raise fail(path, f"{what}: label ids {low:g}..{high:g} are not plausible class ids (expected 0..{MAX_CLASS_ID}){hint}")
     return values.astype(np.int64)
 
 

@@ -53,6 +53,7 @@ from sciformer.data.pointcloud.predict_file import (
     valid_points,
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
+from sciformer.data.pointcloud.scene_labels import UnmappedIds
 from sciformer.data.pointcloud.scene_training import SceneCrops, scene_datasets
 from sciformer.data.pointcloud.scenes import (
     EvalTransformList,
@@ -226,6 +227,7 @@ class SceneFiles(SceneSource):
         self.table = class_table(cfg.classes)
         self._cache: OrderedDict[int, Sample] = OrderedDict()
         self._left_out: dict[int, tuple[np.ndarray, int] | None] = {}  # loaded scene -> (rows left out, rows in the file)
+        self.unmapped = UnmappedIds()  # raw label ids no class takes, over the files loaded
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -237,6 +239,9 @@ class SceneFiles(SceneSource):
 
     def name(self, index: int) -> str:
         return self.names[index]
+
+    def unlabelled_hint(self) -> str:
+        return self.unmapped.hint()
 
     def key(self, index: int) -> str:
         return ":".join(map(str, file_identity(self.paths[index])))
@@ -256,6 +261,7 @@ class SceneFiles(SceneSource):
         require_features(path, data, self.features, training=True)
         sample = point_sample(data)
         sample["label"] = map_labels(raw, self.table, self.cfg.unmapped)
+        self.unmapped.add(raw, sample["label"])
         ok = valid_points(sample, self.features)
         self._left_out[index] = None if ok.all() else (np.flatnonzero(~ok), len(ok))
         if not ok.all():

@@ -35,6 +35,7 @@ from sciformer.data.pointcloud.sample import (
     assemble_features,
     split_by_offset,
 )
+from sciformer.data.pointcloud.scene_labels import check_labelled
 from sciformer.data.transforms import (
     CenterShift,
     Compose,
@@ -80,6 +81,10 @@ class SceneSource(ABC):
     @abstractmethod
     def load(self, index: int) -> Sample:
         """coord (n, 3) float64, label (n,) int64 and optional colour/intensity/normal."""
+
+    def unlabelled_hint(self) -> str:
+        """Why the scenes read so far hold no labelled point (e.g. the raw ids no class takes), or ""."""
+        return ""
 
     def left_out_rows(self, index: int) -> tuple[np.ndarray, int] | None:
         """Rows of the scene's file that :meth:`load` left out (points without finite
@@ -322,6 +327,12 @@ class SceneSegmentationTask(PointTask):
         """Names of the whole scenes (rooms, tiles) of a validation or test split."""
         source = self._scene_source(split)
         return [source.name(i) for i in range(len(source))]
+
+    def check_trainable(self) -> None:
+        """Refuse training scenes with no labelled point (:func:`check_labelled`, with the source's hint)."""
+        source = getattr(self.dataset("train"), "source", None)
+        if isinstance(source, SceneSource):  # read until a scene holds a labelled point
+            check_labelled((source.load(i)["label"] for i in range(len(source))), len(source), source.unlabelled_hint)
 
     def class_counts(self) -> list[int] | None:
         """Labelled points per class over every point of the whole training scenes (None when
