@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sciformer.contracts import (
     BuildContext,
@@ -71,6 +71,7 @@ from sciformer.data.pointcloud.predict_file import (
     require_features,
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
+from sciformer.data.pointcloud.scene_labels import check_class_spelling
 from sciformer.data.pointcloud.scene_training import SceneCrops, scene_datasets
 from sciformer.data.pointcloud.scenes import (
     EvalTransformList,
@@ -108,7 +109,7 @@ class LasTilesConfig(BaseModel):
     train_files: list[str] = Field(min_length=1)
     val_files: list[str]  # required; [] : no validation (a refit: train on the training and validation tiles together; best.pt is the last epoch)
     test_files: list[str] = Field(min_length=1)
-    classes: dict[str, list[int]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CLASSES.items()})
+    classes: Annotated[dict[str, list[int]], BeforeValidator(check_class_spelling)] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CLASSES.items()})
     unmapped: str = "other"  # 'ignore' (-1) or one of the class names
     features: Annotated[list[str], AfterValidator(lambda v: check_features(v, _FEATURES))] | None = None
     intensity_scale: float | None = Field(None, gt=0)  # None: each tile's 99th percentile

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sciformer.contracts import BuildContext, DataInfo, PredictFn, PredictOptions
 from sciformer.data.pointcloud.cache import file_identity
@@ -53,7 +53,7 @@ from sciformer.data.pointcloud.predict_file import (
     valid_points,
 )
 from sciformer.data.pointcloud.sample import check_features, feature_channels
-from sciformer.data.pointcloud.scene_labels import UnmappedIds
+from sciformer.data.pointcloud.scene_labels import UnmappedIds, check_class_spelling
 from sciformer.data.pointcloud.scene_training import SceneCrops, scene_datasets
 from sciformer.data.pointcloud.scenes import (
     EvalTransformList,
@@ -72,7 +72,7 @@ from sciformer.data.transforms import (
 )
 from sciformer.errors import DataError
 from sciformer.registry import DATASETS
-from sciformer.utils.limits import check_npy
+from sciformer.utils.limits import MAX_CLASS_ID, check_npy
 
 _FEATURES = ["coord", "colour", "intensity", "normal", "height", "geometric"]
 DEFAULT_TRAIN_TRANSFORMS: list[dict[str, Any]] = [
@@ -91,7 +91,7 @@ class PointScenesConfig(BaseModel):
     train_files: list[str] = Field(min_length=1)
     val_files: list[str]  # required; [] : no validation (a refit: train on the training and validation files together; best.pt is the last epoch)
     test_files: list[str] = []
-    classes: list[str] | dict[str, list[int]]
+    classes: Annotated[list[str] | dict[str, list[int]], BeforeValidator(check_class_spelling)]
     unmapped: str = "ignore"  # label values no class takes: 'ignore' (-1) or a class name
     label_files: tuple[str, str] | None = None  # (from, to): labels in a sibling file named by substitution
     columns: list[str] | str | None = None  # headerless tables and raw .bin scans, e.g. [x, y, z, intensity]
@@ -123,6 +123,10 @@ def class_table(classes: list[str] | dict[str, list[int]], noun: str = "label va
     seen: dict[int, str] = {}
     for name, values in table.items():
         for v in values:
+            if v == -1:
+                raise ValueError(f"classes.{name}: {noun} -1 is the ignore value, not a class's label (labels no class lists are ignored with unmapped: ignore)")
+            if not 0 <= v <= MAX_CLASS_ID:
+                raise ValueError(f"classes.{name}: {noun} {v} is not an id a label can hold (0..{MAX_CLASS_ID})")
             if v in seen:
                 raise ValueError(f"classes.{name}: {noun} {v} is already class '{seen[v]}'")
             seen[v] = name

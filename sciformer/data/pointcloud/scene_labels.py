@@ -4,6 +4,7 @@ the check that a training split holds at least one labelled point before any tra
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -44,3 +45,17 @@ def check_labelled(labels: Iterable[np.ndarray], scenes: int, hint: Callable[[],
     raise DataError(f"data: no training point has a class of data.classes (every label of the {scenes} training "
                     f"scene{'s' if scenes != 1 else ''} is ignored{hint()}); list their label ids under data.classes "
                     "or name a class in data.unmapped")
+
+
+def check_class_spelling(classes: Any) -> Any:
+    """``data.classes`` before its type is applied: every class name a printable, non-blank
+    string and every label value an integer (a ValueError naming the class otherwise, instead
+    of the type's "Input should be a valid list"); what else it holds is left to the type."""
+    for name in classes if isinstance(classes, (dict, list)) else []:
+        if isinstance(name, str) and (not name.strip() or not name.isprintable()):
+            raise ValueError(f"class name {name!r} is blank or holds a control character; name every class")
+    for name, values in classes.items() if isinstance(classes, dict) else []:
+        for v in values if isinstance(values, list) else []:
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()) or not isinstance(v, (int, float, str)):
+                raise ValueError(f"class '{name}': label value {v!r} is not an integer; label values are integer class ids")
+    return classes

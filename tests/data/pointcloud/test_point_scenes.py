@@ -338,3 +338,21 @@ def test_test_files_sharing_a_name_each_get_their_predictions(tmp_path: Path, ct
     task.export_predictions(lambda batch: torch.zeros(len(batch["coord"]), 2), out, 4, {"ply": False, "png": False})  # (N, 2)
     assert sorted(p.name for p in out.iterdir()) == ["a__t_pred.npy", "b__t_pred.npy"]
     assert [len(np.load(out / f"{s}__t_pred.npy")) for s in "ab"] == [40, 30]
+
+
+@pytest.mark.parametrize(("classes", "message"), [
+    ({"a": [1.5]}, "class 'a': label value 1.5 is not an integer"),
+    ({"a": [True]}, "class 'a': label value True is not an integer"),
+    ({"": [1], "b": [9]}, "class name '' is blank"),
+    (["x", " "], "class name ' ' is blank"),
+    ({"a\nb": [1]}, "holds a control character"),
+    ({"a": [-1], "b": [9]}, "classes.a: label value -1 is the ignore value"),
+    ({"a": [2_000_000], "b": [9]}, "classes.a: label value 2000000 is not an id a label can hold"),
+])
+def test_class_tables_no_label_could_use_are_refused_in_one_line(classes: object, message: str) -> None:
+    """A class id that is not an integer (it read "Input should be a valid list"), a blank class
+    name (it reached the tables and the .ply header), the ignore value -1, an id beyond any label."""
+    with pytest.raises(ValidationError, match=message) as info:
+        PointScenesConfig(train_files=["a"], val_files=[], classes=classes)
+    assert info.value.error_count() == 1
+    assert PointScenesConfig(train_files=["a"], val_files=[], classes={"a": [0, 2.0], "b": [1_000_000]}).classes == {"a": [0, 2], "b": [1_000_000]}
