@@ -228,6 +228,18 @@ def test_las_output_codes_follow_the_las_tiles_rule(data_root: Path, tmp_path: P
     np.testing.assert_array_equal(np.asarray(laspy.read(out).classification), expected)
 
 
+def _label_files_checkpoint(monkeypatch: pytest.MonkeyPatch, truth: Path, labels_exist: bool) -> tuple[dict, bytes | None]:
+    """A fake point_scenes checkpoint with ``data.label_files: [_points.npy, _labels.npy]``, and
+    ``truth`` written first when ``labels_exist``: (the checkpoint, truth's bytes or None)."""
+    from sciformer.engine import checkpoint
+
+    if labels_exist:
+        np.save(truth, np.arange(5))
+    state = {"config": {"data": {"name": "point_scenes"}}, "data_state": {"label_files": ["_points.npy", "_labels.npy"]}}
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: state)
+    return state, truth.read_bytes() if labels_exist else None
+
+
 @pytest.mark.parametrize("labels_exist", [True, False])
 def test_predict_never_writes_the_label_file_paired_with_its_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str], labels_exist: bool) -> None:
@@ -238,11 +250,7 @@ def test_predict_never_writes_the_label_file_paired_with_its_input(tmp_path: Pat
 
     np.save(tmp_path / "x_points.npy", np.zeros((5, 3), np.float32))
     truth = tmp_path / "x_labels.npy"
-    if labels_exist:
-        np.save(truth, np.arange(5))
-    before = truth.read_bytes() if labels_exist else None
-    state = {"config": {"data": {"name": "point_scenes"}}, "data_state": {"label_files": ["_points.npy", "_labels.npy"]}}
-    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: state)
+    state, before = _label_files_checkpoint(monkeypatch, truth, labels_exist)
     argv = ["predict", "--checkpoint", str(tmp_path / "run"), "--input", str(tmp_path / "x_points.npy"), "--output", str(truth)]
     assert cli.main([*argv, "--overwrite"]) == 2
     err = capsys.readouterr().err.strip()
@@ -266,11 +274,7 @@ def test_predict_never_writes_the_label_file_of_another_point_file_of_the_folder
     for name in ("a", "b"):
         np.save(tmp_path / f"{name}_points.npy", np.zeros((5, 3), np.float32))
     truth = tmp_path / "b_labels.npy"
-    if labels_exist:
-        np.save(truth, np.arange(5))
-    before = truth.read_bytes() if labels_exist else None
-    state = {"config": {"data": {"name": "point_scenes"}}, "data_state": {"label_files": ["_points.npy", "_labels.npy"]}}
-    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: state)
+    state, before = _label_files_checkpoint(monkeypatch, truth, labels_exist)
     argv = ["predict", "--checkpoint", str(tmp_path / "run"), "--input", str(tmp_path / "a_points.npy"), "--output"]
     for extra in ([], ["--overwrite"]):
         assert cli.main([*argv, str(truth), *extra]) == 2
@@ -309,17 +313,6 @@ def test_geometric_rows_follow_the_features_that_decide_the_kept_points(tmp_path
         task = build_point_scenes(PointScenesConfig(**base, features=features), ctx)
         kept = np.delete(coord, dropped, axis=0)
         np.testing.assert_array_equal(task.dataset("train").source.load(0)["geometric"], geometric.geometric_features(kept))
-
-
-def test_one_rule_names_the_label_file_of_a_point_file() -> None:
-    from sciformer.data.pointcloud.point_scenes import label_file_of, labelled_by, read_beside
-
-    pts = Path("/data/seq_00_points.npy")
-    assert label_file_of(pts, ("_points.npy", "_labels.npy")) == Path("/data/seq_00_labels.npy")
-    assert label_file_of(pts, (".bin", ".label")) is None and label_file_of(pts, None) is None
-    assert read_beside(pts, {"label_files": ["_points.npy", "_labels.npy"]}) == [Path("/data/seq_00_labels.npy")]
-    assert read_beside(pts, {}) == []
-    assert labelled_by(Path("/data/seq_00_labels.npy"), {"label_files": ["_points.npy", "_labels.npy"]}) is None  # no such file
 
 
 def test_test_files_sharing_a_name_each_get_their_predictions(tmp_path: Path, ctx: BuildContext) -> None:
