@@ -19,6 +19,15 @@ def test_integers_are_read_as_yaml_1_2(text: str, value: object) -> None:
     assert loads(f"v: {text}") == {"v": value}
 
 
+@pytest.mark.parametrize(("text", "value"), [(".5", 0.5), ("-.5", -0.5), ("+.5", 0.5), (".5e3", 500.0), ("-.5E-2", -0.005),
+                                             ("1.", 1.0), ("1e3", 1000.0), ("-1.5e+2", -150.0), (".", "."), ("-.", "-."),
+                                             ("-.e3", "-.e3"), ("..5", "..5"), ("-.inf", float("-inf"))])
+def test_floats_are_read_as_yaml_1_2(text: str, value: object) -> None:
+    """The core schema's floats, [-+]?(.[0-9]+|[0-9]+(.[0-9]*)?)([eE][-+]?[0-9]+)? (-.5 and .5e3 were strings)."""
+    loaded = loads(f"v: {text}")["v"]
+    assert type(loaded) is type(value) and loaded == value
+
+
 def test_a_leading_zero_is_decimal_in_an_override() -> None:
     demo = ROOT / "experiments" / "indian_pines_demo.yaml"
     train = config.load(demo, ["train.epochs=010", "train.seed=0123"]).cfg.train
@@ -28,7 +37,7 @@ def test_a_leading_zero_is_decimal_in_an_override() -> None:
 
 
 def test_a_dump_reads_back_as_it_was() -> None:
-    data = {"a": ["0o17", "1e3", "010", "yes", "on", "1:30", "0x1F", "x", 5, 1.5, True, None,
+    data = {"a": ["0o17", "1e3", "010", "yes", "on", "1:30", "0x1F", "x", "-.5", ".5e3", 5, 1.5, -0.5, True, None,
                   "run\x85b", "a\u2028b", "c\u2029d", "e\nf"]}  # line-break characters YAML would fold
     assert loads(dumps(data)) == data
 
