@@ -81,29 +81,33 @@ def parse_text_table(
     path = Path(path)
     if malformed not in ("error", "skip"):
         raise ValueError(f"malformed must be 'error' or 'skip', not {malformed!r}")
+    with read_errors(path), open(path, encoding="utf-8-sig", errors="replace") as fh:  # -sig: a byte-order mark is dropped
+        first, first_line = next(((i, line) for i, line in enumerate(fh) if i >= skip_rows and line.strip()
+                                  and not line.lstrip().startswith(("#", "//"))), (None, ""))
+        if first is None:
+            raise fail(path, "empty point cloud (no data lines)")
+        if delimiter == "auto":
+            delimiter = "," if "," in first_line else (";" if ";" in first_line else None)
+        if ncols is None:
+            ncols = len(_split_line(first_line, delimiter))
+        # Fast path: numpy's C parser streaming the file from its first data line (the text is never held whole)
+        try:
+            fh.seek(0)
+            rows = np.loadtxt(fh, dtype=np.float64, delimiter=delimiter, comments=("#", "//"), ndmin=2,
+                              skiprows=first)  # (n, ncols)
+            if rows.shape[1] == ncols and (allow_nonfinite or np.all(np.isfinite(rows))):  # nan/inf only when asked
+                return rows, []
+        except ValueError:
+            pass
+    # Slow path (a malformed or non-finite line): a whole-line pattern finds the bad lines; numpy parses the rest.
     with read_errors(path):
-        text = path.read_bytes().decode("utf-8-sig", errors="replace")  # a leading byte-order mark is dropped
-    lines = text.splitlines()
+        lines = path.read_bytes().decode("utf-8-sig", errors="replace").splitlines()
     first = next(
         (i for i in range(skip_rows, len(lines)) if lines[i].strip() and not lines[i].lstrip().startswith(("#", "//"))),
         None,
     )
     if first is None:
         raise fail(path, "empty point cloud (no data lines)")
-    if delimiter == "auto":
-        delimiter = "," if "," in lines[first] else (";" if ";" in lines[first] else None)
-    if ncols is None:
-        ncols = len(_split_line(lines[first], delimiter))
-    # Fast path: numpy's C parser on the whole file.
-    try:
-        rows = np.loadtxt(
-            lines[first:], dtype=np.float64, delimiter=delimiter, comments=("#", "//"), ndmin=2
-        )  # (n, ncols)
-        if rows.shape[1] == ncols and (allow_nonfinite or np.all(np.isfinite(rows))):  # nan/inf only when asked
-            return rows, []
-    except ValueError:
-        pass
-    # Slow path: a whole-line pattern finds the bad lines; numpy parses the rest.
     number = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
     sep = r"\s+" if delimiter is None else r"\s*" + re.escape(delimiter) + r"\s*"
     row_pattern = re.compile(r"\s*" + number + (sep + number) * (ncols - 1) + r"\s*")

@@ -230,7 +230,9 @@ def test_las_output_codes_follow_the_las_tiles_rule(data_root: Path, tmp_path: P
 
 def _label_files_checkpoint(monkeypatch: pytest.MonkeyPatch, truth: Path, labels_exist: bool) -> tuple[dict, bytes | None]:
     """A fake point_scenes checkpoint with ``data.label_files: [_points.npy, _labels.npy]``, and
-    ``truth`` written first when ``labels_exist``: (the checkpoint, truth's bytes or None)."""
+    ``truth`` written first when ``labels_exist``: (the checkpoint, truth's bytes or None). The modules
+    that bind load_checkpoint at import are imported first, so the fake never outlives the test."""
+    import sciformer.engine.inference  # noqa: F401
     from sciformer.engine import checkpoint
 
     if labels_exist:
