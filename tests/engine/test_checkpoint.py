@@ -139,3 +139,22 @@ def test_a_flipped_bit_anywhere_in_a_member_is_refused(tmp_path: Path, where: st
         with pytest.raises(CheckpointError, match=r"is damaged|truncated or not a torch file|not a sciformer checkpoint"):
             load_checkpoint(bad)
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(1000.0))
+
+
+def test_a_checkpoint_written_without_crcs_loads(tmp_path: Path) -> None:
+    """torch.serialization.set_crc32_options(False) (a documented speed option) writes CRC 0 for every
+    member: that is no checksum to compare against, not damage."""
+    import zipfile
+
+    set_crc = getattr(torch.serialization, "set_crc32_options", None)
+    if set_crc is None:
+        pytest.skip("this torch has no set_crc32_options")
+    path = tmp_path / "nocrc.pt"
+    set_crc(False)
+    try:
+        save_checkpoint(path, _payload())
+    finally:
+        set_crc(True)
+    with zipfile.ZipFile(path) as archive:
+        assert all(m.CRC == 0 for m in archive.infolist() if m.file_size)  # oracle: the zip itself
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(4.0))
