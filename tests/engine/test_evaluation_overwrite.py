@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,22 @@ def test_what_counts_as_an_evaluations_tables(tmp_path: Path) -> None:
     (out / "per_class.csv").unlink()
     (out / "per_class.csv").symlink_to(tmp_path)  # not a regular file: not an evaluation's
     assert unrecorded_table(out) == "per_class.csv"
+
+
+def test_an_evaluation_written_before_miou_rule_was_recorded_counts(tmp_path: Path) -> None:
+    """metrics.json of sciformer versions before miou_rule (split and the scores only), a shape
+    dataset's (no predictions/): --overwrite replaces it as before; a user's own metrics.json does not count."""
+    import json
+
+    out = tmp_path / "out"
+    write_evaluation_set(out, "test", SCORES, NAMES, {}, _export({"a.npy": "x"}))
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics.pop("miou_rule")
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    shutil.rmtree(out / "predictions")
+    assert unrecorded_table(out) is None
+    (out / "metrics.json").write_text(json.dumps({"split": "test", "note": "mine"}))
+    assert unrecorded_table(out) == "metrics.json"
 
 
 @pytest.mark.parametrize("record", [None, "not json", '{"files": ["a.npy"]}'])
