@@ -186,11 +186,15 @@ BOMB_RATIO = 1000
 
 def check_inflation(nbytes: int, stored: int, where: str) -> None:
     """Refuse a compressed (or sparse, never written) array that would inflate over BOMB_RATIO x its
-    stored size (above BOMB_MIN_BYTES)."""
+    stored size (above BOMB_MIN_BYTES), unless ``SCIFORMER_MAX_ARRAY_BYTES`` is set: a budget the
+    user chose bounds the array whatever its compression (a large, nearly uniform label map)."""
     check_bytes(nbytes, where)
+    if os.environ.get("SCIFORMER_MAX_ARRAY_BYTES", "").strip():
+        return
     if nbytes > BOMB_MIN_BYTES and nbytes > BOMB_RATIO * max(int(stored), 1):
         raise DataError(f"{where}: array of {_size(nbytes)} is stored in {_size(int(stored))} (compressed "
-                        f"{nbytes // max(int(stored), 1):,}:1 or never written, a decompression bomb?); refusing to inflate it")
+                        f"{nbytes // max(int(stored), 1):,}:1 or never written, a decompression bomb?); refusing to inflate it "
+                        f"(a genuine file: set SCIFORMER_MAX_ARRAY_BYTES={-(-nbytes // 2**20)}M or more to accept it)")
 
 
 def check_hdf5_dataset(ds: object, where: str) -> None:

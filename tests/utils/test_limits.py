@@ -94,3 +94,17 @@ def test_hdf5_dataset_never_written_is_refused(tmp_path: Path, chunks: tuple[int
         limits.check_hdf5_dataset(f["small"], "f.h5 [small]")  # written data passes
         with pytest.raises(DataError, match=r"^f\.h5 \[cube\]: array of 762\.9 MiB is stored in 0 B .*decompression bomb"):
             limits.check_hdf5_dataset(f["cube"], "f.h5 [cube]")
+
+
+def test_the_inflation_ratio_yields_to_a_budget_the_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 381 MiB label map stored in 160 KiB (ZSTD tiles of zeros) is refused as a bomb by default, with
+    the setting that accepts it named; once SCIFORMER_MAX_ARRAY_BYTES is set, that budget alone bounds it."""
+    monkeypatch.delenv("SCIFORMER_MAX_ARRAY_BYTES", raising=False)
+    nbytes, stored = 20000 * 20000, 160 * 2**10
+    with pytest.raises(DataError, match=r"decompression bomb\?.*SCIFORMER_MAX_ARRAY_BYTES=382M"):
+        limits.check_inflation(nbytes, stored, "map.tif")
+    monkeypatch.setenv("SCIFORMER_MAX_ARRAY_BYTES", "382M")
+    limits.check_inflation(nbytes, stored, "map.tif")  # accepted
+    monkeypatch.setenv("SCIFORMER_MAX_ARRAY_BYTES", "100M")
+    with pytest.raises(DataError, match="above the 100.0 MiB limit"):
+        limits.check_inflation(nbytes, stored, "map.tif")  # the budget still bounds it
