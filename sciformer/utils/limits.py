@@ -212,6 +212,10 @@ def check_hdf5_dataset(ds: object, where: str) -> None:
     check_inflation(math.prod(int(d) for d in shape) * itemsize, int(ds.id.get_storage_size()), where)  # type: ignore[attr-defined]
 
 
+class ObjectArrayError(DataError):
+    """A .npy array of Python objects (pickled data): refused, never loaded."""
+
+
 def npy_header(handle: BinaryIO, where: str) -> tuple[tuple[int, ...], Any]:
     """Shape and dtype from the .npy header at ``handle``'s position (its magic first): a file
     without the NumPy magic, a damaged header, or an array of Python objects (pickled data,
@@ -228,7 +232,7 @@ def npy_header(handle: BinaryIO, where: str) -> tuple[tuple[int, ...], Any]:
         raise DataError(f"{where}: not a readable .npy file (damaged header; {type(exc).__name__}: "
                         f"{' '.join(str(exc).split())[:120]})") from None
     if dtype.hasobject:
-        raise DataError(f"{where}: the array holds Python objects (dtype {str(dtype)[:60]}), which are refused: "
+        raise ObjectArrayError(f"{where}: the array holds Python objects (dtype {str(dtype)[:60]}), which are refused: "
                         "only numeric arrays are read, and pickled data is never loaded")
     return tuple(int(s) for s in shape), dtype
 
@@ -239,16 +243,20 @@ def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], Any]:
         return npy_header(handle, str(path))
 
 
-def npz_members(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], object, int | None]]:
+def npz_members(path: str | os.PathLike[str],
+                refused: dict[str, str] | None = None) -> dict[str, tuple[tuple[int, ...], object, int | None]]:
     """Shape, dtype and compressed size (None if stored) of each array member of an .npz, keyed as
     ``np.load`` keys them (``coord.npy`` -> ``coord``), from the member headers only; each checked
     against the budget before anything is inflated. An array member is one in .npy format whatever
     its name (``np.load`` reads a ``coord`` member holding .npy bytes as an array too); any other
     member (a ``readme``) is no array: it is left out, so a caller reading only these keys never
-    inflates it."""
+    inflates it. A member of Python objects (a ``meta`` dict) is left out too and never loaded: its
+    one-line refusal goes into ``refused`` (for a caller that names it), and is raised when no
+    numeric member is left (it was the only candidate)."""
     import zipfile
 
     out: dict[str, tuple[tuple[int, ...], object, int | None]] = {}
+    objects: dict[str, str] = {}
     with zipfile.ZipFile(path) as archive:
         for member in archive.infolist():
             with archive.open(member) as handle:
@@ -256,10 +264,18 @@ def npz_members(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...]
                     continue  # not in .npy format: np.load would hand back its raw bytes, never read here
             key = member.filename.removesuffix(".npy")
             where = f"{path} [{key}]"
-            with archive.open(member) as handle:
-                shape, dtype = npy_header(handle, where)  # objects, a damaged header: one line
+            try:
+                with archive.open(member) as handle:
+                    shape, dtype = npy_header(handle, where)  # objects, a damaged header: one line
+            except ObjectArrayError as exc:
+                objects[key] = str(exc)
+                continue
             stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
             nbytes = math.prod(int(s) for s in shape) * int(dtype.itemsize)
             check_inflation(nbytes, stored, where) if stored is not None else check_bytes(nbytes, where)
             out[key] = (tuple(int(s) for s in shape), dtype, stored)
+    if objects and not out:
+        raise DataError(next(iter(objects.values())))
+    if refused is not None:
+        refused.update(objects)
     return out

@@ -108,3 +108,18 @@ def test_the_inflation_ratio_yields_to_a_budget_the_user_set(monkeypatch: pytest
     monkeypatch.setenv("SCIFORMER_MAX_ARRAY_BYTES", "100M")
     with pytest.raises(DataError, match="above the 100.0 MiB limit"):
         limits.check_inflation(nbytes, stored, "map.tif")  # the budget still bounds it
+
+
+def test_npz_object_member_beside_arrays_is_left_out_not_refusing_the_file(tmp_path: Path) -> None:
+    """An object 'meta' beside numeric members refused the whole .npz; it is left out of the listing
+    (never loaded) and its refusal kept for a caller that names it."""
+    import numpy as np
+
+    for save in (np.savez, np.savez_compressed):
+        path = tmp_path / f"{save.__name__}.npz"
+        save(path, cube=np.zeros((2, 3, 4), np.float32), meta=np.array({"sensor": "x"}, dtype=object),
+             names=np.array(["a", 1, None], dtype=object))
+        refused: dict[str, str] = {}
+        members = limits.npz_members(path, refused)
+        assert list(members) == ["cube"] and members["cube"][0] == (2, 3, 4)
+        assert sorted(refused) == ["meta", "names"] and "Python objects" in refused["meta"]

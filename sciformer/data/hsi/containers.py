@@ -62,13 +62,21 @@ class Container:
         self.class_names = class_names
         self.fwhm = fwhm  # (B,) band widths in nm, from a header
         self.nodata: float | None = None  # the no-data value a header declares (ENVI 'data ignore value', GeoTIFF nodata)
+        self.refused: dict[str, str] = {}  # members left out of ``arrays`` (Python objects): name -> why
+
+    def missing(self, key: str, role: str) -> DataError:
+        """The one-line error for ``key`` (given as ``role``, e.g. 'image_key') not in ``arrays``:
+        why it was left out when it was refused, else 'not found' with the listing."""
+        if key in self.refused:
+            return DataError(self.refused[key])
+        return DataError(f"{self.path}: {role} '{key}' not found; available keys: {self._listing()}")
 
     def keys(self) -> list[str]:
         return list(self.arrays)
 
     def load(self, key: str) -> np.ndarray:
-        if key not in self.arrays:
-            raise DataError(f"{self.path}: no array '{key}'; available keys: {self._listing()}")
+        if key in self.refused or key not in self.arrays:
+            raise self.missing(key, "array")
         info = self.arrays[key]
         where = f"{self.path} [{key}]"
         check_shape(info.shape, info.itemsize, where)  # before a byte is inflated or allocated
@@ -167,13 +175,17 @@ def _open_mat_v73(path: Path) -> Container:
 def _open_npy(path: Path) -> Container:
     try:
         if path.suffix.lower() == ".npz":
-            arrays = {k: ArrayInfo(shape, dtype.kind, int(dtype.itemsize), stored) for k, (shape, dtype, stored) in npz_members(path).items()}
+            refused: dict[str, str] = {}  # object members: left out, refused only when named
+            members = npz_members(path, refused)
+            arrays = {k: ArrayInfo(shape, dtype.kind, int(dtype.itemsize), stored) for k, (shape, dtype, stored) in members.items()}
 
             def load(key: str) -> np.ndarray:
                 with np.load(path, allow_pickle=False) as z:
                     return z[key]
 
-            return Container(path, arrays, load)
+            container = Container(path, arrays, load)
+            container.refused = refused
+            return container
         check_npy(path)  # the magic and a numeric dtype, before numpy guesses (it calls any other file pickled)
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except DataError:

@@ -89,7 +89,7 @@ class Scene:
 def _pick_image_key(c: Container, image_key: str | None) -> str:
     if image_key is not None:
         if image_key not in c.arrays:
-            raise DataError(f"{c.path}: image_key '{image_key}' not found; available keys: {c._listing()}")
+            raise c.missing(image_key, "image_key")
         if len(c.arrays[image_key].shape) != 3:
             raise DataError(
                 f"{c.path}: image_key '{image_key}' has shape {fmt_shape(c.arrays[image_key].shape)}; "
@@ -139,7 +139,7 @@ def _pick_label_key(
     preferred; several candidates left are a DataError listing them."""
     if label_key is not None:
         if label_key not in c.arrays:
-            raise DataError(f"{c.path}: label_key '{label_key}' not found; available keys: {c._listing()}")
+            raise c.missing(label_key, "label_key")
         return label_key
     cands = [k for k, v in c.arrays.items() if k != exclude and len(v.shape) == 2 and not _words(k) & _MASK_WORDS]
     if hw is not None:
@@ -183,7 +183,7 @@ def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray |
     """
     if key is not None:
         if key not in c.arrays:
-            raise DataError(f"{c.path}: wavelength_key '{key}' not found; available keys: {c._listing()}")
+            raise c.missing(key, "wavelength_key")
         where = f"{c.path} [{key}] (wavelength_key)"
         check_one_column(c.arrays[key].shape, where)
         if int(np.prod(c.arrays[key].shape)) != bands:

@@ -276,3 +276,16 @@ def test_envi_byte_order_other_than_0_or_1_is_refused(tmp_path):
                                     "interleave = bsq\nbyte order = 7\n")
     with pytest.raises(DataError, match=r"c.hdr: ENVI 'byte order = 7' is not 0 \(little-endian\) or 1 \(big-endian\)$"):
         read_scene(tmp_path / "c.hdr")
+
+
+def test_npz_cube_beside_an_object_member_loads_and_the_member_is_refused_when_named(tmp_path):
+    """np.savez(cube, gt, meta=<dict>) was refused whole ('[meta]: the array holds Python objects');
+    the cube loads, and only naming 'meta' as a key is refused, in one line."""
+    cube = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    gt = (np.arange(20).reshape(4, 5) % 3 + 1).astype(np.uint8)
+    np.savez_compressed(tmp_path / "s.npz", cube=cube, gt=gt, meta=np.array({"sensor": "AVIRIS"}, dtype=object))
+    scene = read_scene(tmp_path / "s.npz", "cube", "gt", labels="required")
+    np.testing.assert_array_equal(scene.cube, cube)
+    with pytest.raises(DataError, match=r"s.npz \[meta\]: the array holds Python objects") as e:
+        read_scene(tmp_path / "s.npz", "meta")
+    assert "\n" not in str(e.value)

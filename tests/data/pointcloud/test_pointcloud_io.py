@@ -214,3 +214,13 @@ def test_a_text_table_is_parsed_without_holding_its_text(tmp_path: Path) -> None
     assert skipped == [] and peak[0] < 1.6 * rows.nbytes, (peak[0], rows.nbytes)  # was 5.4x
     (tmp_path / "ff.txt").write_text("# a\x0cb\n1 2 3\n4 5 6\n")  # a form feed inside a comment is no line break
     np.testing.assert_array_equal(parse_text_table(tmp_path / "ff.txt")[0], [[1, 2, 3], [4, 5, 6]])
+
+
+def test_npz_points_beside_an_object_member_are_read(tmp_path: Path) -> None:
+    """A 'meta' dict saved beside coord and label refused the whole point file (Python objects);
+    it is left out and never loaded."""
+    pts = np.arange(30, dtype=np.float32).reshape(10, 3)
+    np.savez_compressed(tmp_path / "p.npz", coord=pts, label=np.arange(10), meta=np.array({"a": 1}, dtype=object))
+    out = read_point_file(tmp_path / "p.npz")
+    assert sorted(out) == ["coord", "label"]
+    np.testing.assert_array_equal(out["coord"], pts)
