@@ -174,8 +174,10 @@ WAVELENGTH_NAMES = frozenset({
 
 def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray | None:
     """Band centres in nm: ``key``'s array, else the header's, else the one array of one value per
-    band whose name is a known wavelength name (:data:`WAVELENGTH_NAMES`, any case). Such an
-    array shaped as a table (a (B, 2) of centres and widths) is a one-line DataError.
+    band whose name is a known wavelength name (:data:`WAVELENGTH_NAMES`, any case). Without one,
+    such an array shaped as a table that would stand for the centres (a (B, 2) of centres and
+    widths, or B values as (B/2, 2)) is a one-line DataError; other named arrays (k-means
+    ``centers`` (K, B)) are skipped.
 
     Arrays carry no units: all values below 30 are read as micrometres (see
     :func:`~sciformer.data.hsi.wavelengths.to_nanometres`). Two or more such arrays are a
@@ -193,9 +195,12 @@ def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray |
     if c.wavelengths is not None:
         return c.wavelengths  # checked and in nm (containers.py)
     named = {name: info.shape for name, info in c.arrays.items() if name.lower().rsplit("/", 1)[-1] in WAVELENGTH_NAMES}
-    for name, shape in named.items():  # a (B, 2) table of centres and widths is refused, not skipped or flattened
-        check_one_column(shape, f"{c.path} [{name}]")
-    found = [name for name, shape in named.items() if int(np.prod(shape)) == bands]
+    found = [name for name, shape in named.items() if int(np.prod(shape)) == bands and sum(n > 1 for n in shape) <= 1]
+    if not found:  # a table that would be taken for the centres ((B, 2) centres and widths; B values in (B/2, 2))
+        for name, shape in named.items():  # is refused, not skipped or flattened; others (k-means centres) are skipped
+            size = int(np.prod(shape))
+            if size == bands or (size == 2 * bands and bands in shape):
+                check_one_column(shape, f"{c.path} [{name}]")
     if len(found) > 1:
         raise DataError(f"{c.path}: several band-centre arrays ({', '.join(found)}); name one with wavelength_key "
                         "(data.wavelength_key)")

@@ -325,3 +325,16 @@ def test_a_one_band_envi_cube_with_a_centre_is_a_cube_a_classification_a_label_m
 def test_a_band_set_is_described_in_words_that_agree_with_its_count() -> None:
     assert describe(np.array([646.72])) == "1 band, 646.7 nm"
     assert describe(np.array([400.0, 2499.0])) == "2 bands, 400.0-2499.0 nm"
+
+
+def test_a_named_array_that_is_no_band_table_is_skipped(tmp_path: Path) -> None:
+    """k-means 'centers' (K, B) or a 'lambda' path (5, 3) beside the cube refused the scene ('a table
+    of shape (4, 7)'), even beside a proper 'wavelength'; neither could stand for B centres: skipped."""
+    cube, gt, wl = make_hsi_scene(h=6, w=5, bands=7, classes=2, block=2)
+    path = tmp_path / "scene.mat"
+    scipy.io.savemat(path, {"cube": cube, "gt": gt.astype(np.uint8), "centers": np.ones((4, 7)), "lambda": np.ones((5, 3))})
+    assert read_scene(path).wavelengths is None
+    scipy.io.savemat(path, {"cube": cube, "gt": gt.astype(np.uint8), "centers": np.ones((4, 7)), "wavelength": wl})
+    np.testing.assert_allclose(read_scene(path).wavelengths, wl)
+    scipy.io.savemat(path, {"cube": cube, "wavelength": wl, "wavelengths": np.stack([wl, wl], 1)})  # (B, 2) beside (B,)
+    np.testing.assert_allclose(read_scene(path, labels="none").wavelengths, wl)
