@@ -4,7 +4,9 @@ scipy inflates as many bytes as a data element's tag claims before it compares t
 dimensions: a 1 MB file declaring 10 x 10 x 200 doubles (which the 1000:1 rule lets through)
 whose data tag claims 1 GiB of compressed zeros was inflated in full. :func:`check_v5_file`
 inflates only the start of each compressed element (its flags, dimensions, name and data tags)
-and refuses a data tag claiming more than 8 bytes per value, before scipy reads the file.
+and refuses a data tag claiming more than 8 bytes per value, before scipy reads the file. A
+complex matrix whose real data runs past that start is streamed, in bounded steps, to its
+imaginary tag once the real claim has passed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import struct
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 from sciformer.errors import DataError
 
@@ -40,7 +43,13 @@ def check_v5_file(path: Path) -> None:
                 start = _inflate_start(fh.read(min(nbytes, _HEAD)))
                 parts = _matrix_parts(start, order)
                 if parts is not None:
-                    _check_parts(path, *parts)
+                    key, dims, claims, imaginary = parts
+                    _check_parts(path, key, dims, claims)  # the real claim, before inflating past the head
+                    if imaginary is not None:  # streamed to past the real data (its size now checked), then checked
+                        fh.seek(pos + 8)
+                        tag = _inflated_at(fh, nbytes, imaginary, 8)
+                        if len(tag) == 8:
+                            _check_parts(path, key, dims, [_tag(tag, 0, order)[1]])
                 elif len(start) == _HEAD:  # it inflates on, yet its tags do not fit: they cannot be checked
                     raise DataError(f"{path}: a compressed element's header is longer than {_HEAD // 1024} KiB "
                                     "inflated; refusing to inflate it")
@@ -63,6 +72,29 @@ def _inflate_start(compressed: bytes) -> bytes:
         return b""
 
 
+def _inflated_at(fh: BinaryIO, nbytes: int, offset: int, length: int) -> bytes:
+    """``length`` inflated bytes at ``offset`` of the ``nbytes`` compressed ones at ``fh``'s position,
+    inflating in bounded steps and dropping what comes before (fewer bytes if it ends or is damaged)."""
+    inflater, done, out = zlib.decompressobj(), 0, b""
+    try:
+        while nbytes > 0 and len(out) < length:
+            chunk = fh.read(min(nbytes, _HEAD))
+            if not chunk:
+                break
+            nbytes -= len(chunk)
+            while chunk and len(out) < length:
+                piece = inflater.decompress(chunk, _HEAD)  # at most 64 KiB held at once
+                chunk = inflater.unconsumed_tail
+                if done + len(piece) > offset:
+                    out += piece[max(offset - done, 0):]
+                done += len(piece)
+                if not piece:
+                    break
+    except zlib.error:
+        return b""
+    return out[:length]
+
+
 def _tag(buf: bytes, pos: int, order: str) -> tuple[int, int, int, int]:
     """(type, byte count, data start, next element) of the sub-element at ``pos`` (small format too)."""
     first, second = struct.unpack_from(order + "II", buf, pos)
@@ -71,9 +103,11 @@ def _tag(buf: bytes, pos: int, order: str) -> tuple[int, int, int, int]:
     return first, second, pos + 8, pos + 8 + second + (-second % 8)
 
 
-def _matrix_parts(buf: bytes, order: str) -> tuple[str, tuple[int, ...], list[int]] | None:
+def _matrix_parts(buf: bytes, order: str) -> tuple[str, tuple[int, ...], list[int], int | None] | None:
     """(name, dimensions, byte counts its real and imaginary data tags claim) of the matrix at the
-    start of ``buf``; no claims for a class that is not numeric; None when ``buf`` is too short."""
+    start of ``buf``, and the inflated offset of the imaginary tag when it lies past ``buf`` (a real
+    part longer than the head; else None); no claims for a class that is not numeric; None when
+    ``buf`` is too short for the tags up to the real one."""
     try:
         mtype, _, _, _ = _tag(buf, 0, order)
         if mtype != _MI_MATRIX:
@@ -87,11 +121,14 @@ def _matrix_parts(buf: bytes, order: str) -> tuple[str, tuple[int, ...], list[in
         if data + count > len(buf):
             return None
         if flags & 0xFF not in _NUMERIC_CLASSES:
-            return name, tuple(dims), []
+            return name, tuple(dims), [], None
         claims = []
-        for _ in range(2 if flags & 0x0800 else 1):  # real part, then the imaginary one of a complex matrix
-            _, count, _, pos = _tag(buf, pos, order)
-            claims.append(count)
+        _, count, _, pos = _tag(buf, pos, order)  # the real part
+        claims.append(count)
+        imaginary = pos if flags & 0x0800 else None  # a complex matrix's imaginary tag follows the real data
+        if imaginary is not None and pos + 8 <= len(buf):
+            claims.append(_tag(buf, pos, order)[1])
+            imaginary = None
     except struct.error:
         return None
-    return name, tuple(max(d, 0) for d in dims), claims
+    return name, tuple(max(d, 0) for d in dims), claims, imaginary
