@@ -197,15 +197,17 @@ def _open_npy(path: Path) -> Container:
     return Container(path, {key: info}, lambda _k: np.array(arr))
 
 
-def _spy_to_container(path: Path, img: Any) -> Container:
-    """Wrap an opened spectral SpyFile (ENVI or ERDAS) as a one-array container."""
+def _spy_to_container(path: Path, img: Any, label_file: bool = False) -> Container:
+    """Wrap an opened spectral SpyFile (ENVI or ERDAS) as a one-array container; one band of a
+    ``label_file`` is an (H, W) label map whatever its header's wavelength."""
     shape = (int(img.nrows), int(img.ncols), int(img.nbands))
     meta = getattr(img, "metadata", {}) or {}
     is_class = str(meta.get("file type", "")).lower() == "envi classification"
     kind = np.dtype(img.dtype).kind
-    # one band: a label map when the header says so (a classification, classes, class names) or gives no centre;
-    # a one-band cube of a 'wavelength' stays (H, W, 1)
-    label_map = shape[2] == 1 and (is_class or "classes" in meta or "class names" in meta or meta.get("wavelength") is None)
+    # one band: a label map when read as a label file, when the header says so (a classification, classes,
+    # class names) or when it gives no centre; a one-band cube of a 'wavelength' stays (H, W, 1)
+    label_map = shape[2] == 1 and (label_file or is_class or "classes" in meta or "class names" in meta
+                                   or meta.get("wavelength") is None)
     wavelengths, fwhm = (None, None) if label_map else _envi_band_centres(path, img, shape[2])
     class_names = None
     if is_class and "class names" in meta:
@@ -254,7 +256,7 @@ def _envi_band_centres(path: Path, img: Any, bands: int) -> tuple[np.ndarray | N
     return wavelengths, fwhm
 
 
-def _open_envi(header: Path, data_file: Path | None) -> Container:
+def _open_envi(header: Path, data_file: Path | None, label_file: bool = False) -> Container:
     import spectral.io.envi as envi
 
     from sciformer.data.hsi.envi_text import readable_header
@@ -282,7 +284,7 @@ def _open_envi(header: Path, data_file: Path | None) -> Container:
     if order not in ("0", "1"):  # spectral reads anything but 0 as big-endian: garbage values
         raise DataError(f"{header}: ENVI 'byte order = {order[:20]}' is not 0 (little-endian) or 1 (big-endian)")
     _check_envi_size(header, img)
-    return _spy_to_container(data_file or header, img)
+    return _spy_to_container(data_file or header, img, label_file)
 
 
 def _check_envi_size(header: Path, img: Any) -> None:
@@ -334,8 +336,10 @@ def _envi_header_for(path: Path) -> Path | None:
     return None
 
 
-def open_container(path: str | os.PathLike[str]) -> Container:
-    """Open ``path`` and list its numeric arrays (nothing is loaded yet)."""
+def open_container(path: str | os.PathLike[str], label_file: bool = False) -> Container:
+    """Open ``path`` and list its numeric arrays (nothing is loaded yet). A ``label_file`` (read
+    for its label map, never its cube) lists a one-band ENVI file as (H, W) whatever its header's
+    wavelength."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: file not found")
@@ -351,14 +355,14 @@ def open_container(path: str | os.PathLike[str]) -> Container:
         if suffix in NPY_SUFFIXES:
             return _open_npy(p)
         if suffix in ENVI_SUFFIXES:
-            return _open_envi(p, None)
+            return _open_envi(p, None, label_file)
         if suffix in LAN_SUFFIXES:
             return _open_lan(p)
         if suffix in (".tif", ".tiff"):
             return _open_geotiff(p)
         header = _envi_header_for(p)
         if header is not None:
-            return _open_envi(header, p)
+            return _open_envi(header, p, label_file)
     raise DataError(f"{p}: unsupported file type '{p.suffix}'; supported: {SUPPORTED}")
 
 

@@ -63,7 +63,7 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path, trained: dict[st
                                  for name in ("image_key", "wavelength_key"))
     scene = read_scene(input_path, image_key, labels="none", wavelength_key=wavelength_key)
     try:  # a label map in the same file only decorates the PNG
-        scene.gt = read_labels(input_path, None, scene.cube.shape[:2])
+        scene.gt = read_labels(input_path, None, scene.cube.shape[:2], label_file=False)
     except DataError:
         scene.gt = None
     return scene, georef_of(input_path)

@@ -189,7 +189,7 @@ def _pick_wavelengths(c: Container, key: str | None, bands: int) -> np.ndarray |
         where = f"{c.path} [{key}] (wavelength_key)"
         check_one_column(c.arrays[key].shape, where)
         if int(np.prod(c.arrays[key].shape)) != bands:
-            raise DataError(f"{where}: {int(np.prod(c.arrays[key].shape))} values for a cube of {bands} bands; "
+            raise DataError(f"{where}: {int(np.prod(c.arrays[key].shape))} values for a cube of {bands} band{'s' if bands != 1 else ''}; "
                             "expected one band centre per band")
         return check_wavelengths(to_nanometres(c.load(key), None, where), bands, where)
     if c.wavelengths is not None:
@@ -258,10 +258,13 @@ def _nodata_unlabelled(c: Container, raw: np.ndarray) -> np.ndarray:
 
 
 def read_labels(
-    path: str | os.PathLike[str], label_key: str | None = None, shape: tuple[int, int] | None = None
+    path: str | os.PathLike[str], label_key: str | None = None, shape: tuple[int, int] | None = None,
+    label_file: bool = True,
 ) -> np.ndarray:
-    """Read a 2-D label map (int64, 0 = unlabelled, as are the file's declared no-data pixels) from any supported file."""
-    c = open_container(path)
+    """Read a 2-D label map (int64, 0 = unlabelled, as are the file's declared no-data pixels) from any supported file.
+    ``label_file`` False: ``path`` is a cube file searched for a label map (a one-band ENVI file with a
+    wavelength is its cube then, not a label map)."""
+    c = open_container(path, label_file)
     key = _pick_label_key(c, label_key, shape, None, "required")
     assert key is not None
     gt = load_labels(c, key)
@@ -316,7 +319,7 @@ def read_scene(
         if label_path is not None:
             from sciformer.data.hsi.georef import check_same_grid
 
-            lc = open_container(label_path)
+            lc = open_container(label_path, label_file=True)
             lkey = _pick_label_key(lc, label_key, None, None, "required")
             check_same_grid(c.path, lc.path)
         else:

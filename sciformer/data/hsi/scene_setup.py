@@ -50,7 +50,7 @@ def load_source(cfg: HSISceneConfig, ctx: BuildContext) -> Scene:
 
 def _read_split_map(path: Path, key: str | None, default_key: str, hw: tuple[int, int]) -> np.ndarray:
     """A fixed split's map (``TR`` / ``TE`` by default) of the image's height and width."""
-    c = open_container(path)
+    c = open_container(path, label_file=True)
     if key is None and default_key in c.arrays:
         key = default_key
     if key is None:

@@ -131,7 +131,7 @@ def check_wavelengths(values: Any, bands: int | None, where: str, error: type[Ex
     if np.any(arr <= 0):
         raise error(f"{where}: wavelengths must be positive (nm); found {float(arr.min()):g}")
     if bands is not None and arr.size != bands:
-        raise error(f"{where}: {arr.size} wavelengths for a cube of {bands} bands; expected one band centre per band")
+        raise error(f"{where}: {arr.size} wavelengths for a cube of {bands} band{'s' if bands != 1 else ''}; expected one band centre per band")
     return arr if not plausible else check_plausible(arr, where, error)
 
 

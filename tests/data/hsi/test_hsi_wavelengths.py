@@ -338,3 +338,22 @@ def test_a_named_array_that_is_no_band_table_is_skipped(tmp_path: Path) -> None:
     np.testing.assert_allclose(read_scene(path).wavelengths, wl)
     scipy.io.savemat(path, {"cube": cube, "wavelength": wl, "wavelengths": np.stack([wl, wl], 1)})  # (B, 2) beside (B,)
     np.testing.assert_allclose(read_scene(path, labels="none").wavelengths, wl)
+
+
+@pytest.mark.parametrize("centres", ["{646.7}", "{400.0, 450.0, 500.0}"])
+def test_a_one_band_envi_label_file_with_a_wavelength_is_a_label_map(tmp_path: Path, centres: str) -> None:
+    """Given as the label file, a one-band ENVI map whose header kept a 'wavelength' was read as a
+    cube ('no 2-D integer label map found'; a copied list: '3 wavelengths for a cube of 1 bands')."""
+    cube, _, _ = make_hsi_scene(h=6, w=5, bands=3, classes=2, block=2)
+    np.save(tmp_path / "scene.npy", cube)
+    gt = (np.arange(30).reshape(6, 5, 1) % 3 + 1).astype(np.float32)  # (H, W, 1)
+    (tmp_path / "gt").mkdir()
+    header = write_envi_text(tmp_path / "gt", gt, f"wavelength = {centres}\n")
+    scene = read_scene(tmp_path / "scene.npy", labels="required", label_path=header)
+    np.testing.assert_array_equal(scene.gt, gt[:, :, 0])
+    np.testing.assert_array_equal(read_labels(header), gt[:, :, 0])
+    if centres == "{646.7}":  # read as a cube it stays a one-band cube at that centre
+        np.testing.assert_allclose(read_scene(header, labels="none").wavelengths, [646.7])
+    else:
+        with pytest.raises(DataError, match=r"3 wavelengths for a cube of 1 band; expected"):
+            read_scene(header, labels="none")
