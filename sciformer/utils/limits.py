@@ -129,7 +129,7 @@ def path_kind(path: str | os.PathLike[str]) -> str:
 
 
 # a text header's line (PLY, PCD) longer than this is no header line: a binary file or a line with no end
-MAX_HEADER_LINE = 64 * 2**10
+MAX_HEADER_LINE = 2**20  # a comment or obj_info line of embedded metadata (100 kB) is a header line
 
 
 def header_line(fh: Any, where: str | os.PathLike[str]) -> bytes:
@@ -137,7 +137,7 @@ def header_line(fh: Any, where: str | os.PathLike[str]) -> bytes:
     MAX_HEADER_LINE bytes: a longer line is refused in one line, never read whole."""
     raw = fh.readline(MAX_HEADER_LINE + 1)
     if len(raw) > MAX_HEADER_LINE:
-        raise DataError(f"{where}: a header line longer than {_size(MAX_HEADER_LINE)} (no line end); not a valid header")
+        raise DataError(f"{where}: a header line longer than {_size(MAX_HEADER_LINE)}; not a valid header")
     return raw
 
 

@@ -162,8 +162,19 @@ def test_ply_list_elements_are_read_in_bounded_memory(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name, start", [("long.ply", b"ply\n"), ("long.pcd", b"# .PCD v0.7\n")])
 def test_header_line_without_end_is_refused_unread(tmp_path: Path, name: str, start: bytes, one_line_error) -> None:
     """A header "line" with no newline was read whole (a 200 MB one peaked at 1.8 GB) before refusal."""
-    (tmp_path / name).write_bytes(start + b"x" * 4 * 2**20)
+    (tmp_path / name).write_bytes(start + b"x" * 16 * 2**20)
     with traced_peak() as peak, pytest.raises(DataError) as e:
         read_point_file(tmp_path / name)
-    assert len(one_line_error(e, name, "header line longer than 64.0 KiB")) < 400
-    assert peak[0] < 2**20, peak
+    assert len(one_line_error(e, name, "header line longer than 1.0 MiB; not a valid header")) < 400
+    assert peak[0] < 4 * 2**20, peak
+
+
+@pytest.mark.parametrize("extra", [b"comment ", b"obj_info "])
+def test_a_long_header_comment_with_its_line_end_is_read(tmp_path: Path, extra: bytes) -> None:
+    """A 100 kB comment or obj_info line (embedded metadata) ending in a newline was refused as
+    'a header line longer than 64.0 KiB (no line end)'."""
+    pts = np.arange(6, dtype="<f4").reshape(2, 3)  # (N, 3)
+    head = b"ply\nformat binary_little_endian 1.0\n" + extra + b"7" * 100_000 + b"\nelement vertex 2\n"
+    head += b"property float x\nproperty float y\nproperty float z\nend_header\n"
+    (tmp_path / "meta.ply").write_bytes(head + pts.tobytes())
+    np.testing.assert_array_equal(read_point_file(tmp_path / "meta.ply")["coord"], pts)
