@@ -197,9 +197,11 @@ def check_inflation(nbytes: int, stored: int, where: str) -> None:
                         f"(a genuine file: set SCIFORMER_MAX_ARRAY_BYTES={-(-nbytes // 2**20)}M or more to accept it)")
 
 
-def check_hdf5_dataset(ds: object, where: str) -> None:
+def check_hdf5_dataset(ds: object, where: str, stored: bool = True) -> None:
     """An h5py Dataset: its data in this file (no external storage, no virtual sources), and its
-    declared size within the budget and a plausible compression ratio, checked before reading."""
+    declared size within the budget and (``stored``) a plausible compression ratio, checked before
+    reading. A caller that only lists the dataset passes ``stored=False`` and applies the ratio
+    when it reads it (a never-written placeholder beside the cube is no reason to refuse the file)."""
     if getattr(ds, "is_virtual", False):
         raise DataError(f"{where}: a virtual HDF5 dataset (its data lives in other files); unsupported, save the array itself")
     external = getattr(ds, "external", None)
@@ -208,6 +210,8 @@ def check_hdf5_dataset(ds: object, where: str) -> None:
     shape, dtype = tuple(getattr(ds, "shape", ()) or ()), getattr(ds, "dtype", None)
     itemsize = int(getattr(dtype, "itemsize", 8) or 8)
     check_shape(shape, itemsize, where)
+    if not stored:
+        return
     # compressed, chunked or contiguous alike: a dataset never written holds no bytes (its fill value only)
     check_inflation(math.prod(int(d) for d in shape) * itemsize, int(ds.id.get_storage_size()), where)  # type: ignore[attr-defined]
 

@@ -155,7 +155,7 @@ def _open_mat_v73(path: Path) -> Container:
                     continue
                 if obj.attrs.get("MATLAB_empty", 0):
                     continue
-                check_hdf5_dataset(obj, f"{path} [{name}]")
+                check_hdf5_dataset(obj, f"{path} [{name}]", stored=False)  # the ratio when loaded (Container.load)
                 kind = "b" if mclass == "logical" else obj.dtype.kind
                 stored = int(obj.id.get_storage_size())  # 0 for a dataset never written (its fill value only)
                 arrays[name] = ArrayInfo(tuple(int(s) for s in obj.shape[::-1]), kind, int(obj.dtype.itemsize), stored)

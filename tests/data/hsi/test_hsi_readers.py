@@ -289,3 +289,23 @@ def test_npz_cube_beside_an_object_member_loads_and_the_member_is_refused_when_n
     with pytest.raises(DataError, match=r"s.npz \[meta\]: the array holds Python objects") as e:
         read_scene(tmp_path / "s.npz", "meta")
     assert "\n" not in str(e.value)
+
+
+def test_mat73_never_written_placeholder_beside_the_cube_is_listed_and_refused_only_when_read(tmp_path):
+    """A never-written contiguous 'pred' (20000, 20000) u1 beside the cube refused the whole file at
+    listing ('[pred] ... stored in 0 B'); the cube reads, and loading 'pred' or a never-written cube
+    is still refused before allocating."""
+    cube = np.arange(5 * 4 * 3, dtype=np.float32).reshape(5, 4, 3)  # on disk (B, W, H)
+    path = tmp_path / "s.mat"
+    with h5py.File(path, "w", userblock_size=512) as f:
+        f.create_dataset("cube", data=cube)
+        f.create_dataset("gt", data=np.ones((4, 3), np.uint8))
+        f.create_dataset("pred", shape=(20000, 20000), dtype="u1")  # placeholder, never written
+    scene = read_scene(path, "cube", "gt", labels="required")
+    np.testing.assert_array_equal(scene.cube, cube.T)
+    with pytest.raises(DataError, match=r"s.mat \[pred\]: array of .* is stored in 0 B"):
+        read_labels(path, "pred")
+    with h5py.File(tmp_path / "bomb.mat", "w", userblock_size=512) as f:
+        f.create_dataset("cube", shape=(200, 1000, 1000), dtype="f4")
+    with pytest.raises(DataError, match=r"bomb.mat \[cube\]: array of 762.9 MiB is stored in 0 B"):
+        read_scene(tmp_path / "bomb.mat", labels="none")
