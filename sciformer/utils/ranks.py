@@ -28,7 +28,6 @@ def world_size() -> int:
         return 1
 
 
-
 def machines_of_launch() -> int:
     """How many machines torchrun spread this launch over: 1 when every process is local
     (``LOCAL_WORLD_SIZE`` equals ``WORLD_SIZE``) or when torchrun did not say."""
