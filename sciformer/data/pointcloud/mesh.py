@@ -56,7 +56,7 @@ def read_off(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     try:
         try:
             flat = np.array(" ".join(flines).split(), dtype=np.int64)
-        except OverflowError:  # a count or index beyond int64: read line by line, refused below
+        except (OverflowError, ValueError):  # an index beyond int64, or face colours (0.5 0.5 0.5 1.0): line by line
             flat = np.zeros(0, dtype=np.int64)
         if flat.size == 4 * nf and np.all(flat[::4] == 3):
             faces = flat.reshape(nf, 4)[:, 1:]  # (m, 3)

@@ -107,3 +107,16 @@ def test_sample_mesh_surface_refuses_coordinates_that_overflow(tmp_path: Path, o
     one_line_error(e, "huge.off", f"reach {big:.3g}", "overflow")
     ok = sample_mesh_surface(vertices / big, faces, 100, seed=0, source=tmp_path / "huge.off")  # same shape, scaled
     assert np.isfinite(ok).all()
+
+
+def test_off_faces_with_float_colours_are_read(tmp_path: Path, one_line_error) -> None:
+    """The OFF format lets a face carry a colour after its indices, as integers or as floats in
+    [0, 1] (RGBA): the faces are read and the colours left (float colours were 'malformed')."""
+    body = "OFF\n4 2 0\n0 0 0\n1 0 0\n0 1 0\n1 1 0\n3 0 1 2 0.5 0.25 1.0 1.0\n4 1 3 2 0 0.75 0.1 1\n"
+    (tmp_path / "c.off").write_text(body)
+    faces = read_off(tmp_path / "c.off")[1].tolist()
+    assert faces == triangulate("c.off", [[0, 1, 2], [1, 3, 2, 0]]).tolist()  # oracle: the fans of the two polygons
+    (tmp_path / "d.off").write_text(body.replace("3 0 1 2", "3 0 1.5 2"))  # a fractional index is no index
+    with pytest.raises(DataError) as e:
+        read_off(tmp_path / "d.off")
+    one_line_error(e, "d.off", "malformed OFF face line")
