@@ -151,3 +151,18 @@ def test_pcd_ascii_integer_type_limits_read_exactly(tmp_path: Path) -> None:
     head = _small_pcd("x y z label", "4 4 4 1", "F F F U", "ascii", 2)
     (tmp_path / "ok.pcd").write_bytes(head + b"0 0 0 0\n1 1 1 255\n")
     assert read_point_file(tmp_path / "ok.pcd")["label"].tolist() == [0, 255]
+
+
+def test_pcd_ascii_rgb_written_as_integers_by_pcl(tmp_path: Path, cloud: dict[str, np.ndarray]) -> None:
+    """PCL's ascii writer prints an ``rgb`` field declared F 4 as its uint32 bit pattern (1193046),
+    not the packed float's value (1.671834e-39): both spellings give the same colours (the integer
+    text was read as a float value, its bits scrambled into other colours)."""
+    n = len(cloud["coord"])
+    rgb = cloud["colour"].astype(np.uint32)
+    packed = ((rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]).astype(np.uint32)  # (n,) oracle: the bit pattern
+    head = _pcd_header("ascii", n)
+    for name, text in (("ints", [str(int(p)) for p in packed]),
+                       ("floats", [repr(float(p)) for p in packed.view(np.float32)])):
+        body = "".join(f"{x!r} {y!r} {z!r} {t} 1.0 0\n" for (x, y, z), t in zip(cloud["coord"].tolist(), text, strict=True))
+        (tmp_path / f"{name}.pcd").write_bytes(head + body.encode())
+        np.testing.assert_allclose(read_point_file(tmp_path / f"{name}.pcd")["colour"], cloud["colour"] / 255.0, rtol=1e-6)
