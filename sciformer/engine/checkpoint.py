@@ -200,15 +200,16 @@ def _check_container(handle: Any, path: Path, verify: bool = False) -> None:
 
 def _check_crc(handle: Any, path: Path) -> None:
     """One line when a stored member's bytes differ from its recorded CRC-32 (bytes changed on disk
-    or in transfer after the file was written); a member recorded without one (CRC 0, as torch
-    writes with its CRC computation switched off) is not checked."""
+    or in transfer after the file was written); a file recorded without any (CRC 0 for every
+    member, as torch writes with its CRC computation switched off) is not checked."""
     handle.seek(0)
     bad = None
     try:
         with zipfile.ZipFile(handle) as archive:
-            for member in archive.infolist():
-                if member.CRC == 0 and member.file_size > 0:
-                    continue  # none recorded: torch.serialization.set_crc32_options(False) writes 0
+            members = [m for m in archive.infolist() if m.file_size > 0]
+            if all(m.CRC == 0 for m in members):
+                return  # none recorded: torch.serialization.set_crc32_options(False) writes 0 for every member
+            for member in members:
                 try:
                     with archive.open(member) as stream:
                         while stream.read(1 << 20):  # zipfile compares the CRC-32 at the member's end

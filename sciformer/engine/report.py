@@ -160,11 +160,14 @@ def _is_file(path: Path) -> bool:
     return False
 
 
+_OLDER_METRICS = {"split", "oa", "aa", "macc", "kappa", "miou", "per_class"}  # metrics.json before miou_rule
+
+
 def unrecorded_table(out_dir: Path) -> str | None:
     """The first of ``out_dir``'s tables (:data:`EVALUATION_TABLES`) that no earlier evaluation
     wrote, or None: each must be a regular file, in a folder whose ``metrics.json`` is an
-    evaluation's (a JSON object with its ``split`` and ``miou_rule``, or ``oa`` and ``miou`` as versions
-    before ``miou_rule`` wrote it) or, where an evaluation
+    evaluation's (a JSON object with its ``split`` and ``miou_rule``, or every score key versions
+    before ``miou_rule`` wrote) or, where an evaluation
     was cut short before writing it, whose ``predictions/`` holds a readable record."""
     present = [name for name in EVALUATION_TABLES if os.path.lexists(out_dir / name)]
     odd = [name for name in present if not _is_file(out_dir / name)]
@@ -173,7 +176,7 @@ def unrecorded_table(out_dir: Path) -> str | None:
     if (out_dir / "metrics.json").exists():
         try:
             keys = read_json_object(out_dir / "metrics.json").keys()
-            ours = "split" in keys and ("miou_rule" in keys or {"oa", "miou"} <= keys)  # any sciformer version's
+            ours = "split" in keys and ("miou_rule" in keys or _OLDER_METRICS <= keys)  # any sciformer version's
         except SciformerError:
             ours = False
     else:

@@ -194,7 +194,7 @@ def check_inflation(nbytes: int, stored: int, where: str) -> None:
     if nbytes > BOMB_MIN_BYTES and nbytes > BOMB_RATIO * max(int(stored), 1):
         raise DataError(f"{where}: array of {_size(nbytes)} is stored in {_size(int(stored))} (compressed "
                         f"{nbytes // max(int(stored), 1):,}:1 or never written, a decompression bomb?); refusing to inflate it "
-                        f"(a genuine file: set SCIFORMER_MAX_ARRAY_BYTES={-(-nbytes // 2**20)}M or more to accept it)")
+                        f"(a genuine file: set SCIFORMER_MAX_ARRAY_BYTES={-(-max(nbytes, max_array_bytes()) // 2**20)}M or more to accept it)")
 
 
 def check_hdf5_dataset(ds: object, where: str, stored: bool = True) -> None:

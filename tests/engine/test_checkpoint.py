@@ -158,3 +158,21 @@ def test_a_checkpoint_written_without_crcs_loads(tmp_path: Path) -> None:
     with zipfile.ZipFile(path) as archive:
         assert all(m.CRC == 0 for m in archive.infolist() if m.file_size)  # oracle: the zip itself
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(4.0))
+
+
+def test_a_member_whose_true_crc_is_zero_is_still_checked(tmp_path: Path) -> None:
+    """Only a file without any CRC (every member 0) goes unchecked: a tensor whose bytes happen to
+    have CRC-32 0 keeps its check, so a flipped bit in it is refused."""
+    import zlib
+
+    data = bytes([1, 2, 3, 4, 80, 241, 229, 219])
+    assert zlib.crc32(data) == 0  # oracle: zlib
+    path = tmp_path / "zero.pt"
+    save_checkpoint(path, {**_payload(), "model": {"w": torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()}})
+    raw = bytearray(path.read_bytes())
+    at = raw.find(data)
+    raw[at] ^= 0x01
+    (tmp_path / "flipped.pt").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="is damaged"):
+        load_checkpoint(tmp_path / "flipped.pt")
+    assert load_checkpoint(path)["model"]["w"].tolist() == list(data)

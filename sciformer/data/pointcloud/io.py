@@ -101,7 +101,9 @@ def parse_text_table(
             pass
     # Slow path (a malformed or non-finite line): a whole-line pattern finds the bad lines; numpy parses the rest.
     with read_errors(path):
-        lines = path.read_bytes().decode("utf-8-sig", errors="replace").splitlines()
+        text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    # lines end where the fast path's do: at \n, \r\n or \r only (a form feed, NEL or LS is no line break)
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     first = next(
         (i for i in range(skip_rows, len(lines)) if lines[i].strip() and not lines[i].lstrip().startswith(("#", "//"))),
         None,

@@ -140,9 +140,13 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
             raise _ascii_word_error(path, body_start) from None
         col = 0
         for name, dt, c in zip(fields, dtypes, counts, strict=True):
+            raw = table[:, col : col + c]  # (n, c)
             if name in ("rgb", "rgba"):  # packed colour: 4 bytes, viewed as uint32 below
-                dt = np.dtype(np.float32 if dt.kind == "f" and not _packed_as_integers(table[:, col : col + c]) else np.uint32)
-            values = cast_text_values(path, table[:, col : col + c], dt, f"field '{name}'")  # (n, c)
+                if dt.kind == "f" and _packed_as_integers(raw):  # PCL's uint32 text; a hole's nan packs no colour
+                    raw = np.where(np.isfinite(raw), raw, 0)
+                    dt = np.dtype(np.uint32)
+                dt = np.dtype(np.float32 if dt.kind == "f" else np.uint32)
+            values = cast_text_values(path, raw, dt, f"field '{name}'")  # (n, c)
             columns[name] = values[:, 0] if c == 1 else values
             col += c
     elif mode == "binary":
@@ -193,10 +197,11 @@ def read_pcd(path: Path, keep_invalid: bool = False) -> PointData:
 def _packed_as_integers(values: np.ndarray) -> bool:
     """Whether an ascii ``rgb`` / ``rgba`` column declared ``F 4`` holds its packed colours as uint32
     integers, as PCL's own ascii writer prints them (``1193046`` for 0x00123456), rather than as the
-    packed float's value (``1.671834e-39``): every value a whole number in [0, 2^32). A packed float
+    packed float's value (``1.671834e-39``): every finite value a whole number in [0, 2^32). A packed float
     prints whole only for alpha bytes 0x3F-0x4B, which colour writers do not use.
 
     Shapes:
         values: (n, c) float64 -> bool
     """
-    return bool(np.all((values >= 0) & (values < 2**32) & (values == np.floor(values))))
+    seen = values[np.isfinite(values)]  # holes (nan rows of an organised cloud) decide nothing
+    return bool(seen.size) and bool(np.all((seen >= 0) & (seen < 2**32) & (seen == np.floor(seen))))

@@ -224,3 +224,13 @@ def test_npz_points_beside_an_object_member_are_read(tmp_path: Path) -> None:
     out = read_point_file(tmp_path / "p.npz")
     assert sorted(out) == ["coord", "label"]
     np.testing.assert_array_equal(out["coord"], pts)
+
+
+def test_both_table_paths_end_lines_at_the_same_characters(tmp_path: Path) -> None:
+    """A form feed inside a comment is no line break on the fast path; the slow path (a malformed
+    line) split there too, so it reported comment text at the wrong line and skipped the wrong one."""
+    (tmp_path / "p.txt").write_bytes(b"# page\x0c1 2\r\n1 2 3\r4 5\n6 7 8\n")
+    table, skipped = parse_text_table(tmp_path / "p.txt", malformed="skip")
+    assert skipped == [3] and table.tolist() == [[1, 2, 3], [6, 7, 8]]  # oracle: lines as \n, \r\n and \r end them
+    with pytest.raises(DataError, match=r"p\.txt:3: expected 3 numbers, got '4 5'"):
+        parse_text_table(tmp_path / "p.txt")

@@ -166,3 +166,11 @@ def test_pcd_ascii_rgb_written_as_integers_by_pcl(tmp_path: Path, cloud: dict[st
         body = "".join(f"{x!r} {y!r} {z!r} {t} 1.0 0\n" for (x, y, z), t in zip(cloud["coord"].tolist(), text, strict=True))
         (tmp_path / f"{name}.pcd").write_bytes(head + body.encode())
         np.testing.assert_allclose(read_point_file(tmp_path / f"{name}.pcd")["colour"], cloud["colour"] / 255.0, rtol=1e-6)
+
+
+def test_pcd_ascii_integer_rgb_beside_holes(tmp_path: Path) -> None:
+    """A nan hole of an organised cloud decides nothing about how rgb is spelled (it made every
+    row's integer colour read as a float value again)."""
+    head = _pcd_header("ascii", 2).replace(b"FIELDS x y z rgb intensity label", b"FIELDS x y z rgb intensity label")
+    (tmp_path / "h.pcd").write_bytes(head + b"nan nan nan nan 1.0 0\n1 2 3 1193046 1.0 0\n")
+    np.testing.assert_allclose(read_point_file(tmp_path / "h.pcd")["colour"], [[18 / 255, 52 / 255, 86 / 255]], rtol=1e-6)
