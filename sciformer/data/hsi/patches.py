@@ -28,21 +28,15 @@ PADDING_MODES: tuple[str, ...] = ("reflect", "symmetric", "edge", "zero")
 
 
 def pad_cube(cube: np.ndarray | torch.Tensor, patch_size: int, mode: PaddingMode = "reflect") -> torch.Tensor:
-    """Cube (H, W, B) -> padded band-first float32 tensor (B, H + 2r, W + 2r)."""
-    patch_size = check_patch_size(patch_size)
-    if mode not in PADDING_MODES:
-        raise DataError(f"padding: expected one of {', '.join(PADDING_MODES)}, got '{mode}'")
+    """Cube (H, W, B) -> padded band-first float32 tensor (B, H + 2r, W + 2r): :func:`pad_transformed`
+    with the cube's values as they are.
+
+    Shapes:
+        cube: (H, W, B) -> (B, H + 2r, W + 2r) float32
+    """
     arr = cube.detach().cpu().numpy() if isinstance(cube, torch.Tensor) else np.asarray(cube)
-    if arr.ndim != 3:
-        raise DataError(f"cube: expected shape (H, W, B), got {arr.shape}")
-    r = int(patch_size) // 2
-    h, w, b = arr.shape
-    np_mode = "constant" if mode == "zero" else mode
-    out = np.empty((b, h + 2 * r, w + 2 * r), dtype=np.float32)  # (B, H + 2r, W + 2r)
-    for k in range(b):  # band by band: no second full-size copy of the cube
-        band = np.asarray(arr[:, :, k], dtype=np.float32)  # (H, W)
-        out[k] = np.pad(band, r, mode=np_mode) if r else band
-    return torch.from_numpy(out)
+    bands = arr.shape[-1] if arr.ndim == 3 else 0  # another rank is refused by pad_transformed
+    return pad_transformed(arr, lambda rows, _y: rows.astype(np.float32, copy=False), bands, patch_size, mode)
 
 
 BLOCK_BYTES = 4 << 20  # float32 bytes of the cube rows pad_transformed transforms at a time
