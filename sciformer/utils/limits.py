@@ -263,17 +263,17 @@ def npz_members(path: str | os.PathLike[str],
     objects: dict[str, str] = {}
     with zipfile.ZipFile(path) as archive:
         for member in archive.infolist():
+            key = member.filename.removesuffix(".npy")
+            where = f"{path} [{key}]"
             with archive.open(member) as handle:
                 if handle.read(6) != b"\x93NUMPY":
                     continue  # not in .npy format: np.load would hand back its raw bytes, never read here
-            key = member.filename.removesuffix(".npy")
-            where = f"{path} [{key}]"
-            try:
-                with archive.open(member) as handle:
-                    shape, dtype = npy_header(handle, where)  # objects, a damaged header: one line
-            except ObjectArrayError as exc:
-                objects[key] = str(exc)
-                continue
+                handle.seek(0)
+                try:
+                    shape, dtype = npy_header(handle, where)  # a damaged header: one line
+                except ObjectArrayError as exc:
+                    objects[key] = str(exc)
+                    continue
             stored = member.compress_size if member.compress_type != zipfile.ZIP_STORED else None
             nbytes = math.prod(int(s) for s in shape) * int(dtype.itemsize)
             check_inflation(nbytes, stored, where) if stored is not None else check_bytes(nbytes, where)
