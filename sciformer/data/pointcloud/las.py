@@ -96,11 +96,19 @@ def check_point_count(path: Path, header: object) -> None:
         chunk = laz_chunk_size(header)
         if chunk is not None and chunk != _VARIABLE_CHUNKS and chunk > MAX_LAZ_CHUNK:
             raise fail(path, f"LAZ chunk size {chunk} points is beyond any writer's ({MAX_LAZ_CHUNK}); the laszip record is damaged")
-        check_chunk_table(path, int(header.offset_to_point_data), count, size)  # type: ignore[attr-defined]
+        chunks = check_chunk_table(path, int(header.offset_to_point_data), count, size)  # type: ignore[attr-defined]
+        if chunk is not None and chunk != _VARIABLE_CHUNKS and chunk > 0 and chunks > 1:
+            held = (chunks - 1) * chunk + 1  # every chunk but the last is full; the last holds at least one point
+            if held > count:  # laspy decodes what the header declares: the rest would be dropped without a word
+                warnings.warn(f"{path}: the LAZ header declares {count} points but its chunk table lists {chunks} chunks "
+                              f"of {chunk}, at least {held - count} more points; only {count} are read (if the count "
+                              "is damaged, rewrite it, e.g. with laspy or lasinfo -repair)", stacklevel=2)
 
 
-def check_chunk_table(path: Path, point_offset: int, count: int, size: int) -> None:
+def check_chunk_table(path: Path, point_offset: int, count: int, size: int) -> int:
     """The LAZ chunk table must lie inside the file and list no more chunks than points.
+
+    Returns the number of chunks the table lists.
 
     The point data starts with the table's offset (int64; -1: stored in the file's last
     8 bytes); the table starts with a version and the number of chunks (uint32 each).
@@ -121,6 +129,7 @@ def check_chunk_table(path: Path, point_offset: int, count: int, size: int) -> N
     chunks = int.from_bytes(table[4:8], "little")
     if chunks > max(1, count):
         raise fail(path, f"LAZ chunk table lists {chunks} chunks for {count} points; the file is damaged")
+    return chunks
 
 
 def laz_chunk_size(header: object) -> int | None:

@@ -190,3 +190,32 @@ def test_internal_waveform_packets_after_the_points_are_not_records(tmp_path: Pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(read_point_file(path)["coord"]) == 100
+
+
+def test_laz_header_declaring_fewer_points_than_its_chunks_warns(tmp_path: Path) -> None:
+    """A LAZ header whose count is below what its chunk table holds dropped the rest without a
+    word (laspy decodes the declared count): the chunk count bounds the points held from below."""
+    import laspy
+
+    n = 120_000  # three chunks of the writer's 50,000 points
+    header = laspy.LasHeader(point_format=1, version="1.2")
+    las = laspy.LasData(header)
+    rng = np.random.default_rng(0)
+    las.x, las.y, las.z = rng.uniform(0, 100, (3, n))  # incompressible enough to stay within the 100:1 bound
+    path = tmp_path / "tile.laz"
+    las.write(path)
+    with laspy.open(path) as reader:
+        chunk = next(v for v in reader.header.vlrs if v.record_id == 22204).record_data_bytes()[12:16]
+    assert int.from_bytes(chunk, "little") == 50_000
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(read_point_file(path)["coord"]) == n  # the true count: no warning
+    damaged = _edit(path, 107, (40_000).to_bytes(4, "little"))
+    with pytest.warns(UserWarning, match="declares 40000 points but its chunk table lists 3 chunks of 50000, at least "
+                                         "60001 more points; only 40000 are read"):
+        assert len(read_point_file(damaged)["coord"]) == 40_000
+    slack = _edit(path, 107, (100_001).to_bytes(4, "little"))  # within the last chunk: not detectable, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(read_point_file(slack)["coord"]) == 100_001
