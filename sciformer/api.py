@@ -12,7 +12,7 @@ Example::
 
     result = sciformer.train("experiments/indian_pines_demo.yaml", ["train.epochs=2"], output_dir="runs/demo")
     model = sciformer.load(result.run_dir)
-    pred = model.predict(cube)                    # (H, W, B) array -> labels (H, W), probabilities (H, W, C)
+    pred = model.predict(cube)                    # (H, W, B) -> labels (H, W) 0-based, label_ids (H, W) as the map, probabilities (H, W, C)
     pred = model.predict("tile.laz", rotations=4)  # a file, with the options of ``sciformer predict``
 """
 
@@ -42,18 +42,22 @@ class Prediction:
     """What :meth:`Predictor.predict` returns.
 
     Attributes:
-        labels: class ids: (n,) per point (-1 where a point could not be classified, e.g.
-            NaN coordinates), (H, W) per pixel (-1 on no-data pixels: NaN/Inf in a band, or
-            the file's no-data value in every band), or a 0-d array for a whole shape.
+        labels: 0-based class indices (into ``class_names`` and the last axis of ``probabilities``):
+            (n,) per point (-1 where a point could not be classified, e.g. NaN coordinates),
+            (H, W) per pixel (-1 on no-data pixels: NaN/Inf in a band, or the file's no-data
+            value in every band), or a 0-d array for a whole shape.
         probabilities: class probabilities: (n, C), (H, W, C) or (C,), float32 (NaN on no-data pixels).
-        class_names: the C class names, in class-id order.
+        class_names: the C class names, in class-index order.
         valid: (n,) bool for points (False where not classified); None otherwise.
+        label_ids: what ``sciformer predict`` writes to a ``.npy`` for the input: a cube's map in the training map's label
+            ids (index + 1: id 10 is ``labels`` 9; 0 where not classified); a point file's ``pred`` (the index, -1: no data).
     """
 
     labels: np.ndarray
     probabilities: np.ndarray
     class_names: list[str]
     valid: np.ndarray | None = None
+    label_ids: np.ndarray | None = None  # always set by Predictor.predict
 
     @property
     def label_names(self) -> np.ndarray:
@@ -191,19 +195,21 @@ class Predictor:
         if self.kind == "hsi":
             out = tmp_dir / "out_map.npy"
             predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)
-            label_map = np.load(out)  # (H, W) 0 = unclassified, 1..K
+            ids = np.load(out).astype(np.int64)  # (H, W) the map as written: label ids 1..K, 0 = unclassified
             probs = np.load(tmp_dir / "out_map_probabilities.npy")  # (H, W, K)
-            return Prediction(label_map.astype(np.int64) - 1, probs.astype(np.float32), self.class_names)
+            return Prediction(ids - 1, probs.astype(np.float32), self.class_names, label_ids=ids)
         if self.kind == "shape":
             out = tmp_dir / "out_probs.npy"
             predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)
             prob = np.load(out).astype(np.float32)  # (C,)
-            return Prediction(np.asarray(int(prob.argmax()), dtype=np.int64), prob, self.class_names)
+            label = np.asarray(int(prob.argmax()), dtype=np.int64)  # ()
+            return Prediction(label, prob, self.class_names, label_ids=label.copy())
         out = tmp_dir / "out_points.npz"
         predictor(cfg, state, self._predict, input_path, out, batch_size, options=options)
         with np.load(out) as npz:
-            return Prediction(npz["pred"].astype(np.int64), npz["probabilities"].astype(np.float32),
-                              [str(n) for n in npz["class_names"]], valid=npz["valid"].astype(bool))
+            pred = npz["pred"].astype(np.int64)  # (n,) class indices, -1 = no data: the file's ids too
+            return Prediction(pred, npz["probabilities"].astype(np.float32), [str(n) for n in npz["class_names"]],
+                              valid=npz["valid"].astype(bool), label_ids=pred.copy())
 
     # ------------------------------------------------------------------ arrays -> files
     def _write_cube(self, tmp_dir: Path, cube: Any) -> Path:

@@ -93,6 +93,29 @@ def test_hsi_predict_equals_the_command_line(hsi: dict[str, Path], tmp_path: Pat
     assert (holed.labels >= 0).sum() == holed.labels.size - 1
 
 
+def test_label_ids_are_the_command_line_map_for_label_ids_not_1_to_k(hsi: dict[str, Path], tmp_path: Path) -> None:
+    """Training ids {3, 7, 10}: ``label_ids`` are the map ``sciformer predict`` writes (the oracle), in those
+    same ids; ``labels`` are the 0-based class indices into ``class_names`` and ``probabilities``."""
+    cube, gt = np.load(hsi["cube"]), np.load(hsi["root"] / "gt.npy")
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", np.array([0, 3, 7, 10])[gt])  # (H, W) ids 1, 2, 3 -> 3, 7, 10
+    (tmp_path / "ids.yaml").write_text(HSI_YAML)
+    assert main(["train", "-c", str(tmp_path / "ids.yaml"), "-o", str(tmp_path / "run")]) == 0
+    assert main(["predict", "--checkpoint", str(tmp_path / "run"), "-i", str(tmp_path / "cube.npy"), "-o", str(tmp_path / "map.npy")]) == 0
+    cli_map = np.load(tmp_path / "map.npy")  # (H, W) label ids
+    assert set(np.unique(cli_map)) <= {3, 7, 10}
+    model = sciformer.load(tmp_path / "run", device="cpu")
+    assert len(model.class_names) == 10
+    for pred in (model.predict(tmp_path / "cube.npy"), model.predict(cube)):
+        np.testing.assert_array_equal(pred.label_ids, cli_map)
+        np.testing.assert_array_equal(pred.labels, cli_map - 1)
+        np.testing.assert_array_equal(pred.probabilities.argmax(axis=-1), pred.labels)
+    holes = cube.astype(np.float32).copy()
+    holes[2, 3, 1] = np.nan
+    holed = model.predict(holes)  # a no-data pixel: 0 in the map's ids, -1 as a class index
+    assert holed.label_ids[2, 3] == 0 and holed.labels[2, 3] == -1
+
+
 def test_points_predict_equals_the_command_line(s3dis: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "room.npz"
     assert main(["predict", "--checkpoint", str(s3dis["run"]), "-i", str(s3dis["room"]), "-o", str(out),
@@ -107,6 +130,7 @@ def test_points_predict_equals_the_command_line(s3dis: dict[str, Path], tmp_path
     stacked = model.predict(table[:, :3], features=table[:, 3:6].astype(np.uint8), rotations=2)
     for pred in (from_file, from_array, stacked):
         np.testing.assert_array_equal(pred.labels, cli_pred)
+        np.testing.assert_array_equal(pred.label_ids, cli_pred)  # a point file's pred: the class index
         np.testing.assert_allclose(pred.probabilities, cli_probs, atol=1e-6)
         assert pred.valid.all() and len(pred.label_names) == len(table)
     with pytest.raises(sciformer.api.SciformerError, match="unknown option"):
@@ -147,7 +171,7 @@ def test_shape_predict_equals_the_command_line(tmp_path: Path) -> None:
     assert model.kind == "shape" and model.class_names == ["bed", "chair"]
     for pred in (model.predict(shape, votes=3), model.predict(points, votes=3)):
         np.testing.assert_array_equal(pred.probabilities, np.load(out))
-        assert pred.labels.shape == () and int(pred.labels) == int(np.load(out).argmax())
+        assert pred.labels.shape == () and int(pred.labels) == int(np.load(out).argmax()) == int(pred.label_ids)
 
 
 def test_a_run_leaves_the_callers_threads_and_random_generators_as_they_were(hsi: dict[str, Path], tmp_path: Path) -> None:
