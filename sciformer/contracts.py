@@ -191,6 +191,13 @@ class DataInfo:
     # ``offset`` (B,), evaluation predicts each shape among its category's parts and adds instance/category mIoU
     category_parts: dict[str, list[int]] | None = None
 
+    @property
+    def label_ids(self) -> list[int]:
+        """The id each class has in the task's maps and prediction files, in class order: k + 1 in a
+        hyperspectral map (the training map's label ids; 0 = unlabelled), k in a point prediction's ``pred``."""
+        first = 0 if self.patch_size is None else 1
+        return list(range(first, first + self.num_classes))
+
     def __post_init__(self) -> None:
         if self.task not in (None, "classification", "segmentation"):
             raise DataError(f"DataInfo.task: expected 'classification', 'segmentation' or None, got {self.task!r}")

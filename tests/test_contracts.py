@@ -93,3 +93,10 @@ def test_predict_wavelengths_as_a_tensor_requiring_grad_are_taken() -> None:
 
     wl = np.linspace(400.0, 1000.0, 20)
     assert PredictOptions(wavelengths=torch.tensor(wl, requires_grad=True)).wavelengths == tuple(wl.tolist())
+
+
+def test_label_ids_are_the_ids_of_the_maps_and_prediction_files() -> None:
+    """A hyperspectral map writes class k as k + 1 (0 = unlabelled); a point prediction's ``pred`` writes k."""
+    assert DataInfo(3, ["a", "b", "c"], 8, patch_size=5).label_ids == [1, 2, 3]
+    assert DataInfo(3, ["a", "b", "c"], 4, task="segmentation").label_ids == [0, 1, 2]
+    assert DataInfo(2, ["bed", "chair"], 3, task="classification").label_ids == [0, 1]

@@ -82,3 +82,26 @@ def test_a_checkpoint_without_the_record_predicts_every_class(run: dict[str, obj
     assert main(["predict", "--checkpoint", str(tmp_path / "old.pt"), "-i", str(Path(run["root"]) / "cube.npy"),
                  "-o", str(tmp_path / "m.npy"), "--probabilities"]) == 0
     assert np.all(np.load(tmp_path / "m_probabilities.npy") > 0)  # every class has a (small) probability, as before
+
+
+def per_class_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_per_class_csv_joins_the_maps_by_label_id(run: dict[str, object], tmp_path: Path) -> None:
+    """``label_id`` is the id of the maps (17 is the class at index 16); ``class_id`` stays the 0-based index.
+    The oracle: the test pixels of each id in the run's split file, and the run's map."""
+    assert main(["evaluate", "--checkpoint", str(run["run"]), "-o", str(tmp_path / "ev")]) == 0
+    with np.load(Path(run["run"]) / "splits.npz") as splits:
+        test = splits["test"]  # (H, W) label ids of the test pixels, 0 elsewhere
+    for folder in (Path(run["run"]), tmp_path / "ev"):
+        rows = per_class_rows(folder / "per_class.csv")
+        assert list(rows[0]) == ["class_id", "class", "accuracy", "iou", "support", "label_id"]  # older columns first, as before
+        assert [int(r["class_id"]) for r in rows] == list(range(max(IDS)))
+        by_id = {int(r["label_id"]): r for r in rows}
+        assert set(by_id) == set(range(1, max(IDS) + 1))
+        for v in IDS:
+            assert int(by_id[v]["support"]) == int((test == v).sum()) > 0
+        assert {int(r["label_id"]) for r in rows if int(r["support"])} == set(IDS)
+        assert set(np.unique(np.load(folder / "predictions" / "map.npy"))) <= set(by_id)

@@ -81,7 +81,8 @@ def evaluate_and_export(exp: Experiment, task: TaskData, model: nn.Module, devic
             facts["test_views"] = {"tta_rotations": views.rotations, "tta_flip": views.flip, "overlap": views.overlap}
         payload = write_evaluation_set(out_dir, split, scores, task.info.class_names, facts, lambda stage: task.export_predictions(
             predict_fn(model, device, cfg.train.amp), stage, cfg.evaluation.batch_size, cfg.export, split=split,
-            score=label_scorer(task.info.class_names, task.ignore_index), views=views), only_recorded=only_recorded)
+            score=label_scorer(task.info.class_names, task.ignore_index), views=views), only_recorded=only_recorded,
+            label_ids=task.info.label_ids)
         outputs_complete()  # the whole set is written: a signal now cannot make it look failed
         log(format_table(scores, task.info.class_names, title=f"{split} results ({exp.cfg.name}{f', {votes} votes' if votes > 1 else ''})"))
         if "full_resolution" in payload:  # whole scenes: the table scores the evaluation items; this, every point

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +27,22 @@ EVALUATION_FILES = (*EVALUATION_TABLES, "predictions")  # what an evaluation wri
 PREDICTIONS_RECORD = ".sciformer-evaluation.json"
 
 
-def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
+def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any],
+                     label_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """Write ``per_class.csv``, ``confusion_matrix.csv`` and, last, ``metrics.json`` into
-    ``out_dir`` (each atomically): a folder with ``metrics.json`` holds the whole evaluation."""
+    ``out_dir`` (each atomically): a folder with ``metrics.json`` holds the whole evaluation.
+
+    ``per_class.csv``: ``class_id`` is the 0-based class index (the model's output order),
+    ``label_id`` the id the class has in the task's maps and prediction files
+    (:attr:`~sciformer.contracts.DataInfo.label_ids`; default: the index), so the table joins them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"split": split, **scores_to_dict(scores, class_names), "miou_rule": MIOU_RULE, **extra}
+    ids = list(range(len(class_names))) if label_ids is None else [int(v) for v in label_ids]
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["class_id", "class", "accuracy", "iou", "support"])
+    writer.writerow(["class_id", "class", "accuracy", "iou", "support", "label_id"])  # label_id last: older readers keep their columns
     for i, name in enumerate(class_names):
-        writer.writerow([i, name, _fmt(scores.per_class_acc[i]), _fmt(scores.per_class_iou[i]), int(scores.support[i])])
+        writer.writerow([i, name, _fmt(scores.per_class_acc[i]), _fmt(scores.per_class_iou[i]), int(scores.support[i]), ids[i]])
     atomic_write_text(out_dir / "per_class.csv", buf.getvalue())
 
     buf = io.StringIO()
@@ -50,7 +56,8 @@ def write_evaluation(out_dir: Path, split: str, scores: Scores, class_names: lis
 
 
 def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names: list[str], extra: dict[str, Any],
-                         export: Callable[[Path], dict[str, Any] | None], *, only_recorded: bool = False) -> dict[str, Any]:
+                         export: Callable[[Path], dict[str, Any] | None], *, only_recorded: bool = False,
+                         label_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """A whole evaluation into ``out_dir``: ``export`` writes the predictions into a hidden stage
     folder (its facts join ``extra``), which, with :data:`PREDICTIONS_RECORD` naming what it
     holds, becomes ``predictions/``; then the tables and, last, ``metrics.json``
@@ -83,7 +90,7 @@ def write_evaluation_set(out_dir: Path, split: str, scores: Scores, class_names:
         with undone_on_abrupt_exit(lambda: _remove_set(out_dir, predictions=True)):
             with contextlib.suppress(OSError):
                 predictions.rmdir()  # nothing exported (the task writes no files): no empty folder
-            return write_evaluation(out_dir, split, scores, class_names, facts)
+            return write_evaluation(out_dir, split, scores, class_names, facts, label_ids)
     except BaseException:
         if replacing:
             _remove_set(out_dir, predictions=swapped)
