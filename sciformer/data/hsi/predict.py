@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from sciformer.data.hsi.readers import (
     list_arrays,
     read_labels,
     read_scene,
+    read_valid_mask,
 )
 from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec
 from sciformer.data.predicting import start_prediction, state_value
@@ -54,7 +56,9 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path, trained: dict[st
 
     An ``image_key`` / ``wavelength_key`` the input lacks is looked for automatically when it is
     the training file's (``trained``: the checkpoint's data config), and refused when it was
-    given for this prediction (an override).
+    given for this prediction (an override). A valid-pixel mask the file carries beside the cube
+    (:func:`~sciformer.data.hsi.readers.read_valid_mask`) goes to ``scene.meta["valid"]`` (H, W) bool,
+    with a note naming it: its 0 pixels are predicted as no-data pixels are.
     """
     if is_builtin(str(input_path)) and not input_path.exists():
         return load_builtin(str(input_path)), None
@@ -66,6 +70,11 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path, trained: dict[st
         scene.gt = read_labels(input_path, None, scene.cube.shape[:2], label_file=False)
     except DataError:
         scene.gt = None
+    valid, note = read_valid_mask(input_path, scene.cube.shape[:2], exclude=scene.meta.get("image_key"))
+    if valid is not None:
+        scene.meta["valid"] = valid  # (H, W) bool
+    if note:
+        print(note, file=sys.stderr)
     return scene, georef_of(input_path)
 
 
@@ -163,7 +172,8 @@ def predict_hsi_file(
     map, in the map's format (:func:`~sciformer.data.hsi.export.probability_paths`).
     The input's band set is matched to the model's by :func:`~sciformer.data.hsi.bandmatch.plan_bands`
     (centres from the file or ``options.wavelengths``; ``options.allow_band_mismatch``).
-    No-data pixels (:mod:`~sciformer.data.hsi.nodata`) get label 0 and NaN probabilities.
+    No-data pixels (:mod:`~sciformer.data.hsi.nodata`), and those outside a valid-pixel mask the
+    input file carries (``mask_sub``: :func:`~sciformer.data.hsi.readers.read_valid_mask`), get label 0 and NaN probabilities.
     A class without training pixels (the checkpoint's ``trained_classes``) is never predicted:
     its probability is 0.
     """
@@ -188,6 +198,8 @@ def predict_hsi_file(
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names), input_path)
     nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): label 0, NaN probabilities
+    if "valid" in scene.meta:
+        nodata |= ~scene.meta["valid"]  # outside the file's valid-pixel mask: as no-data
     padded = pad_transformed(  # no-data pixels filled with the shift: 0 once normalised, neighbours' patches stay clean
         scene.cube, lambda rows, y: norm.transform(fill_nodata(rows, nodata[y : y + len(rows)], norm.shift), str(input_path), y),
         norm.out_channels, patch_size, padding)  # (C, H + 2r, W + 2r)

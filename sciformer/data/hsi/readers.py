@@ -349,6 +349,43 @@ def read_scene(
     )
 
 
+_VALID_WORDS = frozenset({"mask", "masks", "valid", "validity", "roi"})  # a mask that marks the pixels to keep (1)
+_NOT_VALID_WORDS = frozenset({"nodata", "invalid", "bad", "missing", "cloud", "clouds", "shadow", "shadows"})  # ... or to drop
+
+
+def read_valid_mask(path: str | os.PathLike[str], shape: tuple[int, int], exclude: str | None = None) -> tuple[np.ndarray | None, str | None]:
+    """The valid-pixel mask a cube file carries beside the cube, and a note for the user (or None).
+
+    A 2-D array of the cube's height and width named like a mask of pixels to keep (``mask``,
+    ``valid``, ``roi``; never one named ``nodata``, ``invalid``, ``cloud`` ...) holding only 0 and
+    1 (bool or numbers): (H, W) bool, True where valid, with a note naming it and what it leaves out.
+    None (with a note saying why) when several such arrays are found or the mask would leave no
+    pixel; None without a note when there is none or it leaves every pixel valid.
+
+    Shapes:
+        shape: (H, W) -> mask (H, W) bool
+    """
+    c = open_container(path)
+    keys = [k for k, v in c.arrays.items() if k != exclude and v.shape == tuple(shape) and v.kind in "uibf"
+            and _words(k) & _VALID_WORDS and not _words(k) & _NOT_VALID_WORDS]
+    masks = {}
+    for key in keys:
+        arr = c.load(key)
+        if arr.dtype.kind == "b" or bool(np.isin(arr, (0, 1)).all()):
+            masks[key] = arr.astype(bool)
+    if len(masks) > 1:
+        return None, f"note: {c.path}: several valid-pixel masks ({', '.join(masks)}); none applied, every pixel is classified"
+    if not masks:
+        return None, None
+    key, mask = next(iter(masks.items()))
+    if not mask.any():
+        return None, f"note: {c.path}: the mask '{key}' marks no pixel as valid (all 0); not applied, every pixel is classified"
+    if mask.all():
+        return None, None
+    return mask, (f"note: {c.path}: the valid-pixel mask '{key}' marks {int((~mask).sum())} of {mask.size} pixels as outside "
+                  "the valid area (0); they are not classified (0 in the map, NaN probabilities), as no-data pixels are")
+
+
 def list_arrays(path: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the numeric arrays in ``path`` (for error messages and ``info``)."""
     c = open_container(path)

@@ -1,6 +1,7 @@
 """No-data pixels (NaN/Inf in a band, or the file's declared no-data value in every band):
 label 0 and NaN probabilities in every output format, no effect on their neighbours' scores,
-refused where labelled for training, never in the normalisation statistics."""
+refused where labelled for training, never in the normalisation statistics. Pixels outside a
+valid-pixel mask the file carries (``mask_sub``) are predicted as no-data pixels are."""
 
 from __future__ import annotations
 
@@ -92,6 +93,21 @@ def test_nodata_pixels_are_unclassified_and_leave_their_neighbours_alone(run: di
                 dst.write(np.moveaxis(cube, -1, 0))
             inp = tmp_path / "in.tif"
     label_map, probs = _predict(run, inp, tmp_path / f"out.{suffix}")
+    _check(label_map, probs, *_oracle(run, tmp_path))
+
+
+def test_pixels_outside_the_files_valid_pixel_mask_are_predicted_as_no_data(run: dict[str, object], tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A .mat with a ``mask_sub`` (0 outside the valid area, whose pixels hold a constant fill spectrum) and a
+    ``cloud_mask`` (1 = drop, not a valid-pixel mask): the oracle is the cube with those pixels as declared no-data."""
+    cube = np.array(run["cube"], dtype=np.float32)
+    keep = np.ones(cube.shape[:2], np.uint8)
+    for r, c in NODATA:
+        keep[r, c] = 0
+        cube[r, c] = 5000.0  # the fill of the area outside the mask: a spectrum like no class's
+    scipy.io.savemat(tmp_path / "in.mat", {"hsi_img_sub": cube, "mask_sub": keep, "cloud_mask": 1 - keep})
+    label_map, probs = _predict(run, tmp_path / "in.mat", tmp_path / "out.npy")
+    assert f"the valid-pixel mask 'mask_sub' marks {len(NODATA)} of {keep.size} pixels" in capsys.readouterr().err
     _check(label_map, probs, *_oracle(run, tmp_path))
 
 

@@ -1,6 +1,6 @@
 """Automatic keys of .mat / .npz scenes: band centres only from arrays of a known wavelength
 name (never a wavenumber, a width or an index), label maps by name (never a valid-pixel mask),
-and training refused when the labels hold fewer than two classes."""
+a valid-pixel mask by name and 0/1 values, and training refused when the labels hold fewer than two classes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import scipy.io
 
 from sciformer.contracts import BuildContext
-from sciformer.data.hsi.readers import read_scene
+from sciformer.data.hsi.readers import read_scene, read_valid_mask
 from sciformer.data.hsi.task import HSISceneConfig, build_hsi_scene
 from sciformer.errors import DataError
 
@@ -75,3 +75,19 @@ def test_training_on_one_class_is_refused(tmp_path) -> None:
     cfg = HSISceneConfig(source="one.mat", split={"kind": "stratified", "train_per_class": 10})
     with pytest.raises(DataError, match="1 class.*at least 2"):
         build_hsi_scene(cfg, BuildContext(base_dir=tmp_path, seed=0))
+
+
+def test_a_valid_pixel_mask_is_found_by_name_and_values(tmp_path) -> None:
+    keep = np.ones((6, 7), np.uint8)
+    keep[0, :3] = 0
+    mask, note = read_valid_mask(_scene(tmp_path, mask_sub=keep, cloud_mask=1 - keep, roi=np.arange(42).reshape(6, 7) % 3), (6, 7))
+    np.testing.assert_array_equal(mask, keep.astype(bool))  # cloud_mask (pixels to drop) and a 0..2 roi: not valid-pixel masks
+    assert "'mask_sub' marks 3 of 42 pixels" in note
+
+
+@pytest.mark.parametrize(("extra", "words"), [({"mask": np.ones((6, 7)), "valid": np.eye(6, 7)}, "several valid-pixel masks (mask, valid)"),
+                                              ({"valid_mask": np.zeros((6, 7), np.uint8)}, "marks no pixel as valid"),
+                                              ({"mask": np.ones((6, 7), bool)}, None), ({"mask": np.ones((5, 7), bool)}, None)])
+def test_no_mask_is_applied_where_it_is_not_one_that_leaves_pixels(tmp_path, extra: dict, words: str | None) -> None:
+    mask, note = read_valid_mask(_scene(tmp_path, **extra), (6, 7))
+    assert mask is None and (note is None if words is None else words in note)
