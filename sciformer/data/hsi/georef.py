@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sciformer.data.hsi.envi_crs import envi_units
 from sciformer.data.hsi.geotiff import GEOTIFF_SUFFIXES, _rasterio, read_geotiff_georef
 from sciformer.errors import DataError
 
@@ -230,13 +231,14 @@ def envi_metadata(georef: dict[str, Any] | None) -> dict[str, Any]:
             return {}  # a coordinate system without its transform would place the map wrongly
         sx, sy, degrees = numbers
         _, _, c, _, _, f = georef["transform"]
-        name = "Arbitrary"
+        name, units = "Arbitrary", None  # no coordinate system: no unit to state
         if css:
             with contextlib.suppress(Exception):  # an unusual CRS still travels as the WKT string
                 crs = _rasterio().crs.CRS.from_wkt(css)
                 name = "Geographic Lat/Lon" if crs.is_geographic else (crs.to_dict().get("proj", "Arbitrary") or "Arbitrary")
                 name = "UTM" if str(name).lower() == "utm" else name
-        out["map info"] = [name, "1", "1", repr(float(c)), repr(float(f)), repr(sx), repr(sy), "units=Meters",
+                units = envi_units(crs)  # GDAL applies it over the string: the system's own unit, never another
+        out["map info"] = [name, "1", "1", repr(float(c)), repr(float(f)), repr(sx), repr(sy), *([units] if units else []),
                            *([f"rotation={degrees!r}"] if degrees else [])]
     if css:
         out["coordinate system string"] = "{" + str(css) + "}"

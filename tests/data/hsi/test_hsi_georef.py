@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from sciformer.data.hsi.export import save_map_envi
-from sciformer.data.hsi.georef import georef_from_envi_header, transform_from_map_info, writable_georef
+from sciformer.data.hsi.georef import georef_from_envi_header, georef_of, transform_from_map_info, writable_georef
 from sciformer.data.hsi.geotiff import write_geotiff_map
 
 rasterio = pytest.importorskip("rasterio")
 from rasterio.transform import Affine  # noqa: E402
+from rasterio.warp import transform as warp  # noqa: E402
 
 UTM33 = ["33", "North", "WGS-84", "units=Meters"]
 
@@ -119,3 +120,28 @@ def test_a_non_finite_map_info_is_no_georeference_and_says_so(tmp_path: Path, ca
     assert writable_georef(georef, tmp_path / f"m{suffix}") is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"WARNING: m{suffix}") and "'map info' gives no usable transform" in err
+
+
+@pytest.mark.parametrize(("epsg", "transform", "units"), [
+    (2227, Affine(30.0, 0, 6000000.0, 0, -30.0, 2100000.0), "units=US Survey Feet"),  # California III, US survey feet
+    (2222, Affine(30.0, 0, 700000.0, 0, -30.0, 1000000.0), "units=Feet"),  # Arizona East, international feet
+    (3310, Affine(20.0, 0, -200000.0, 0, -20.0, -100000.0), "units=Meters"),  # California Albers, metres
+    (4326, Affine(0.0001, 0, -86.9, 0, -0.0001, 40.6), "units=Degrees"),  # geographic
+])
+def test_a_geotiff_georef_written_to_envi_reads_back_in_gdal_in_place(tmp_path: Path, epsg: int, transform: Affine,
+                                                                      units: str) -> None:
+    """The ``map info`` made from a GeoTIFF's CRS names that CRS's units: GDAL applies ``units=``
+    over the ``coordinate system string`` (a US-feet map written ``units=Meters`` was read in
+    metres, its corner some 4,000 km off, San Francisco -> off Massachusetts). GDAL reading the
+    ENVI map back is the oracle: the same CRS, transform and upper-left corner on the ground."""
+    crs = rasterio.crs.CRS.from_epsg(epsg)
+    with rasterio.open(tmp_path / "in.tif", "w", driver="GTiff", width=5, height=4, count=1, dtype="uint8", crs=crs,
+                       transform=transform) as dst:
+        dst.write(np.zeros((1, 4, 5), np.uint8))
+    hdr, img = save_map_envi(tmp_path / "m.hdr", np.ones((4, 5), np.int64), ["a"], georef=georef_of(tmp_path / "in.tif"))
+    assert units in hdr.read_text().split("map info")[1].split("}")[0]
+    with rasterio.open(img) as src:
+        assert src.crs == crs and src.crs.to_epsg() == epsg
+        np.testing.assert_allclose(list(src.transform)[:6], list(transform)[:6], rtol=1e-12)
+        corner = warp(src.crs, "EPSG:4326", [src.transform.c], [src.transform.f])
+    np.testing.assert_allclose(corner, warp(crs, "EPSG:4326", [transform.c], [transform.f]), atol=1e-9)
