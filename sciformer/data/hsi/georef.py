@@ -5,10 +5,12 @@ A *georef* is a plain dict carried from an input scene to its classification map
     {"transform": [a, b, c, d, e, f],        # x = a*col + b*row + c, y = d*col + e*row + f (pixel corners)
      "crs_wkt": "PROJCS[...]" or None,        # the coordinate reference system as WKT
      "map_info": ["UTM", "1", "1", ...],      # ENVI 'map info' as read (kept verbatim for ENVI outputs)
-     "coordinate_system_string": "..."}       # ENVI 'coordinate system string' (WKT)
+     "coordinate_system_string": "...",       # ENVI 'coordinate system string' (WKT)
+     "crs_note": "..."}                       # why an ENVI 'map info' gives no crs_wkt (ENVI inputs only)
 
 ENVI inputs give ``map_info`` / ``coordinate_system_string`` (and the transform derived from
-them, ``rotation=`` included); GeoTIFF inputs give ``transform`` / ``crs_wkt``. ENVI
+them, ``rotation=`` included; a ``map info`` alone gives the CRS GDAL reads from it,
+:mod:`sciformer.data.hsi.envi_crs`); GeoTIFF inputs give ``transform`` / ``crs_wkt``. ENVI
 outputs write the ENVI keys, GeoTIFF outputs the transform and CRS; each is derived
 from the other when missing. A georeference an output cannot carry whole (a sheared
 transform in ENVI, a coordinate system without a transform) is dropped with a one-line
@@ -25,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from sciformer.data.hsi.envi_crs import envi_units
+from sciformer.data.hsi.envi_crs import crs_of_map_info, envi_units
 from sciformer.data.hsi.geotiff import GEOTIFF_SUFFIXES, _rasterio, read_geotiff_georef
 from sciformer.errors import DataError
 
@@ -112,8 +114,10 @@ def georef_from_envi_header(header: Path) -> dict[str, Any] | None:
                               "coordinate_system_string": css, "crs_wkt": css, "transform": None}
     if georef["map_info"]:
         georef["transform"] = transform_from_map_info(georef["map_info"])
-        if georef["crs_wkt"] is None:
-            georef["crs_wkt"] = _utm_wkt(georef["map_info"])
+        if georef["crs_wkt"] is None:  # the map info alone, as GDAL reads it (or why it cannot be carried)
+            projection_info = meta.get("projection info")
+            georef["crs_wkt"], georef["crs_note"] = crs_of_map_info(
+                georef["map_info"], [str(v).strip() for v in projection_info] if isinstance(projection_info, list) else None)
     return georef
 
 
@@ -177,7 +181,9 @@ def writable_georef(georef: dict[str, Any] | None, output: Path) -> dict[str, An
     one-line warning on stderr, where it cannot be written whole: a ``map info`` without a usable
     transform (tie point or pixel size not finite numbers) for any map; a sheared or mirrored
     transform (which no ENVI ``map info`` expresses) for an ENVI map; a coordinate system without
-    a usable transform for a GeoTIFF map. A coordinate system is never written with another transform."""
+    a usable transform for a GeoTIFF map. A coordinate system is never written with another transform.
+    A GeoTIFF map of an ENVI ``map info`` of which GDAL makes no coordinate system (``crs_note`` says
+    why) keeps the transform, with a one-line warning that the coordinate system is not carried."""
     suffix = output.suffix.lower()
     if not georef or suffix not in (".hdr", ".img", *GEOTIFF_SUFFIXES):
         return georef
@@ -191,28 +197,15 @@ def writable_georef(georef: dict[str, Any] | None, output: Path) -> dict[str, An
         why = (f"its transform {[float(f'{v:.6g}') for v in transform]} is sheared or mirrored, which ENVI "
                "'map info' cannot express (write a .tif to keep it)")
     else:
+        if transform and georef.get("crs_note") and not georef.get("crs_wkt"):
+            print(f"WARNING: {output.name} is written with the input's transform but without its coordinate system: "
+                  f"{georef['crs_note']}", file=sys.stderr)
+            return georef
         if transform or not georef.get("crs_wkt"):
             return georef
         why = "it has no usable transform, and a coordinate system alone would place the map at the origin"
     print(f"WARNING: {output.name} is written without the input's georeference: {why}", file=sys.stderr)
     return None
-
-
-def _utm_wkt(map_info: list[str]) -> str | None:
-    """WKT of a WGS-84 UTM ``map info`` (``UTM, ..., zone, North, WGS-84``); None otherwise."""
-    if not map_info or map_info[0].strip().upper() != "UTM" or len(map_info) < 10:
-        return None
-    if "WGS-84" not in map_info[9].upper().replace(" ", ""):
-        return None
-    try:
-        zone = int(map_info[7])
-    except ValueError:
-        return None
-    epsg = (32600 if map_info[8].strip().lower().startswith("n") else 32700) + zone
-    try:
-        return str(_rasterio().crs.CRS.from_epsg(epsg).to_wkt())
-    except DataError:
-        return None
 
 
 def envi_metadata(georef: dict[str, Any] | None) -> dict[str, Any]:
