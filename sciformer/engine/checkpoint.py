@@ -176,17 +176,25 @@ def _torch_load(handle: Any, path: Path) -> Any:
 
 
 def _check_container(handle: Any, path: Path, verify: bool = False) -> None:
-    """Zip members stored (as torch.save writes them) that fit the memory budget (``handle``: the open file);
-    with ``verify``, every member's bytes also match the CRC-32 torch.save recorded for them (torch.load
-    does not check it: a flipped bit in a tensor loads as a changed weight, silently)."""
-    if not zipfile.is_zipfile(handle):
-        return  # legacy (non-zip) torch files are size-bounded by the file itself; torch.load judges them
+    """Zip members stored (as torch.save writes them), not marked encrypted, that fit the memory budget
+    (``handle``: the open file); with ``verify``, every member's bytes also match the CRC-32 torch.save
+    recorded for them (torch.load does not check it: a flipped bit in a tensor loads as a changed weight,
+    silently). Whatever zipfile raises on a damaged directory (a multi-disk or newer-version trailer, an
+    encryption flag) is the one-line error."""
     try:
+        handle.seek(0)
+        if not zipfile.is_zipfile(handle):
+            return  # legacy (non-zip) torch files are size-bounded by the file itself; torch.load judges them
         handle.seek(0)
         with zipfile.ZipFile(handle) as archive:
             members = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+    except Exception as exc:  # noqa: BLE001 - zipfile's many errors for a damaged end record or directory
+        raise _damaged(path, exc) from None
+    odd = [(m.filename, "encrypted") for m in members if m.flag_bits & _ENCRYPTED]
+    odd += [(m.filename, "a folder") for m in members if m.external_attr & _DOS_FOLDER or m.filename.endswith("/")]
+    if odd:  # torch's reader skips a member marked a folder: its tensor would load as uninitialised memory
+        raise CheckpointError(f"checkpoint '{path}' is damaged: member '{odd[0][0][:80]}' is marked {odd[0][1]}, which torch.save never "
+                              "writes (changed on disk or in a copy); use another copy of the run")
     packed = [m.filename for m in members if m.compress_type != zipfile.ZIP_STORED]
     if packed:
         raise CheckpointError(f"checkpoint '{path}' has compressed members ({packed[0][:80]}); torch.save writes them stored, so it was altered")
@@ -196,6 +204,14 @@ def _check_container(handle: Any, path: Path, verify: bool = False) -> None:
         raise CheckpointError(str(exc)) from None
     if verify:
         _check_crc(handle, path)
+
+
+_ENCRYPTED = 0x01 | 0x40  # zip general-purpose flag bits 0 (encrypted) and 6 (strong encryption)
+_DOS_FOLDER = 0x10  # the MS-DOS attribute "directory" in a member's external attributes
+
+
+def _damaged(path: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})")
 
 
 def _check_crc(handle: Any, path: Path) -> None:
@@ -217,8 +233,8 @@ def _check_crc(handle: Any, path: Path) -> None:
                 except zipfile.BadZipFile:
                     bad = member.filename
                     break
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise CheckpointError(f"checkpoint '{path}' is truncated or not a torch file ({type(exc).__name__})") from None
+    except Exception as exc:  # noqa: BLE001 - zipfile's many errors for a damaged header or directory
+        raise _damaged(path, exc) from None
     if bad is not None:
         raise CheckpointError(
             f"checkpoint '{path}' is damaged: the bytes of '{bad[:80]}' do not match the checksum written with them "
