@@ -98,7 +98,9 @@ def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretr
     """``finished`` or ``unfinished: epoch E of N`` from ``checkpoints/last.pt``'s records (its
     tensors are not read) against ``train.epochs`` of ``config.yaml``, and whether ``metrics.json``
     belongs to that state (a run resumed with more epochs keeps its earlier result until it ends);
-    ``running (pid P): epoch E of N`` while a live process of this machine holds the run's lock."""
+    ``unfinished: final evaluation not done`` for a run whose training ended without a
+    ``metrics.json`` (killed while testing); ``running (pid P): epoch E of N`` or ``running (pid P):
+    final evaluation`` while a live process of this machine holds the run's lock."""
     from sciformer.engine.checkpoint import checkpoint_progress  # torch: only when runs are compared
     from sciformer.engine.selection import stopped_early
 
@@ -119,9 +121,11 @@ def run_status(run: Path, config: dict[str, Any], metrics: dict[str, Any], pretr
     if not isinstance(epochs, int) or step or not (done >= epochs or early):
         where = f"epoch {done} of {epochs}" + (f" (+{step} steps)" if step else "")
         return f"{running or 'unfinished'}: {where}" + ("; metrics.json is from an earlier end" if metrics.keys() - {"pretrain_loss"} else "")
+    if running:  # training is over; the process is testing best.pt and writing metrics.json
+        return f"{running}: final evaluation"
+    if not metrics.keys() - {"pretrain_loss"}:  # stopped (killed) between its last epoch and its test result
+        return "unfinished: final evaluation not done" + (" (after an early stop)" if done < epochs else "")
     status = "finished" + (" (early stop)" if done < epochs else "")
-    if not metrics.keys() - {"pretrain_loss"}:
-        return status + "; no metrics.json"
     if isinstance(metrics.get("best_epoch"), int) and best is not None and metrics["best_epoch"] != best:
         return status + f"; metrics.json is of epoch {metrics['best_epoch']}, best.pt of epoch {best}"
     return status

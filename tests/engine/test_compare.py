@@ -83,17 +83,19 @@ def test_status_says_whether_a_run_finished_and_whose_metrics_a_row_shows(tmp_pa
             fake_run(tmp_path / "resumed", epochs=400, done=12, metrics=TEST),  # resumed with more epochs, killed
             fake_run(tmp_path / "early", epochs=50, done=6, best=3, patience=3, metrics={**TEST, "best_epoch": 3}),
             fake_run(tmp_path / "stale", done=2, best=2, metrics=TEST),  # best.pt moved on since metrics.json
-            fake_run(tmp_path / "nometrics", metrics=None),
+            fake_run(tmp_path / "nometrics", metrics=None),  # trained, killed in its final evaluation
             fake_run(tmp_path / "nockpt", done=None, metrics=None),
             # killed after an epoch that did not validate: not an early stop, however far from the best
-            fake_run(tmp_path / "between", epochs=50, done=3, best=0, patience=1, val_every=2, metrics=None)]
+            fake_run(tmp_path / "between", epochs=50, done=3, best=0, patience=1, val_every=2, metrics=None),
+            fake_run(tmp_path / "early-nometrics", epochs=50, done=6, best=3, patience=3, metrics=None)]
     status = [r["status"] for r in table(capsys, *runs)]
     assert status[6] == "unfinished: epoch 3 of 50"
     assert status[0] == "finished"
     assert status[1] == "unfinished: epoch 12 of 400; metrics.json is from an earlier end"
     assert status[2] == "finished (early stop)"
     assert status[3] == "finished; metrics.json is of epoch 1, best.pt of epoch 2"
-    assert status[4] == "finished; no metrics.json"
+    assert status[4] == "unfinished: final evaluation not done"  # resume runs it; never "finished" without a test result
+    assert status[7] == "unfinished: final evaluation not done (after an early stop)"
     assert status[5] == "no checkpoints/last.pt"
 
 
@@ -141,10 +143,14 @@ def test_a_run_its_process_is_writing_shows_running_with_that_pid(tmp_path: Path
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     (gone / ".lock").write_text(ended.stdout)
     (reused / ".lock").write_text(f"{os.getppid()}\n")  # alive, but holds no lock on this file
-    handle = open_folder_lock(live, flag="--output-dir")
+    testing, earlier = fake_run(tmp_path / "testing", metrics=None), fake_run(tmp_path / "earlier", metrics=TEST)  # trained: in the final evaluation
+    handles = [(run, open_folder_lock(run, flag="--output-dir")) for run in (live, testing, earlier)]
     try:
-        status = [r["status"] for r in table(capsys, live, gone, reused)]
+        status = [r["status"] for r in table(capsys, live, gone, reused, testing, earlier)]
     finally:
-        drop_folder_lock(live, ".lock", handle)
-    assert status == [f"running (pid {os.getpid()}): epoch 169 of 2000", "unfinished: epoch 169 of 2000", "unfinished: epoch 169 of 2000"]
-    assert [r["status"] for r in table(capsys, live)] == ["unfinished: epoch 169 of 2000"]  # the lock was released
+        for run, handle in handles:
+            drop_folder_lock(run, ".lock", handle)
+    assert status == [f"running (pid {os.getpid()}): epoch 169 of 2000", "unfinished: epoch 169 of 2000", "unfinished: epoch 169 of 2000",
+                      *[f"running (pid {os.getpid()}): final evaluation"] * 2]
+    after = [r["status"] for r in table(capsys, live, testing, earlier)]  # the locks were released: the process ended
+    assert after == ["unfinished: epoch 169 of 2000", "unfinished: final evaluation not done", "finished"]
