@@ -359,10 +359,15 @@ def resume_command(run_dir: Path, world_size: int) -> str:
     return resume_hint(run_dir, world_size)
 
 
-def check_resume_layout(state: dict[str, Any], where: str, steps_per_epoch: int, world_size: int) -> None:
-    """Refuse a resume whose process count changes the epoch's batches: the global batches are the
-    same on any number of processes except a last one with fewer than 2 samples per process,
-    which is dropped, so the steps per epoch (and the schedule built on them) would change."""
+def check_resume_layout(state: dict[str, Any], where: str, steps_per_epoch: int, world_size: int, batch_size: int) -> None:
+    """Refuse a resume that changes the epoch's batches: a new ``train.batch_size`` mid-epoch (the epoch's samples split
+    anew: a smaller size trains some again, a larger one skips some), and a process count that changes the steps per epoch
+    (only a last global batch with fewer than 2 samples per process is dropped; the schedule is built on the steps)."""
+    old_batch, step = ((state.get("config") or {}).get("train") or {}).get("batch_size"), state.get("step_in_epoch")
+    if isinstance(old_batch, int) and isinstance(step, int) and step > 0 and old_batch != batch_size:
+        effect = "train some of that epoch's samples twice" if batch_size < old_batch else "skip some of that epoch's samples altogether"
+        raise CheckpointError(f"checkpoint '{where}' was written at step {step} of epoch {state.get('epoch', 0) + 1} with train.batch_size={old_batch}: "
+                              f"batches of {batch_size} would {effect}; resume with train.batch_size={old_batch} (another size may follow a checkpoint written at an epoch's end)")
     old_steps, old_world = state.get("steps_per_epoch"), state.get("world_size")
     if not isinstance(old_steps, int) or not isinstance(old_world, int) or old_steps == steps_per_epoch or old_world == world_size:
         return  # written before these were recorded, the same batches, or the same processes (other data: checked elsewhere)

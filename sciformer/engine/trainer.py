@@ -169,7 +169,7 @@ class Trainer:
         if any(state["data_info"].get(k) != saved[k] for k in ("num_classes", "in_channels")):
             raise CheckpointError(f"checkpoint '{where}': the run's data changed since it was written: {reason(context(state, self.exp.to_dict(), saved))[0]}; "
                                   f"continue only on its data, or train a new run with {option('--init-from', where)} to fine-tune")
-        check_resume_layout(state, where, self.steps_per_epoch, self.dist.world_size)  # after the data check: new data changes the steps too
+        check_resume_layout(state, where, self.steps_per_epoch, self.dist.world_size, self.cfg.train.batch_size)  # after the data check: new data changes the steps too
         if pos["step_in_epoch"] > self.steps_per_epoch or pos["epoch"] > self.cfg.train.epochs + 10**6:
             raise CheckpointError(f"checkpoint '{where}': step_in_epoch {pos['step_in_epoch']} is beyond the {self.steps_per_epoch} steps of an epoch")
         load_strict(self.model, state, where, self.exp.to_dict(), saved)

@@ -306,3 +306,41 @@ def test_resume_on_a_process_count_that_changes_the_epoch_is_refused(toy_config:
     state["world_size"], state["steps_per_epoch"] = 3, state["steps_per_epoch"] + 1  # the same batches on 3 processes
     torch.save(state, last)
     assert main(["train", "--resume", str(run), "train.epochs=3"]) == 0
+
+
+def test_resume_with_another_batch_size_mid_epoch_is_refused(toy_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """The epoch's sample order split into batches of another size would train samples the
+    checkpoint's steps already trained (the sampler itself is the oracle); from an epoch's end on
+    the batch size may change."""
+    import torch
+
+    from sciformer.engine.batching import EpochBatchSampler
+    from sciformer.engine.trainer import Trainer
+    from sciformer.errors import SciformerError
+
+    run, real = tmp_path / "run", Trainer._check_finite
+
+    def stop(self: Trainer) -> None:  # before step 2's checkpoint: last.pt holds epoch 0, step 1
+        if self.global_step == 1:
+            raise SciformerError("stopped")
+        real(self)
+
+    monkeypatch.setattr(Trainer, "_check_finite", stop)
+    assert main(["train", "-c", str(toy_config), "-o", str(run), "train.epochs=2", "train.checkpoint_every_steps=1"]) != 0
+    monkeypatch.setattr(Trainer, "_check_finite", real)
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 1)
+    n = 16 * state["steps_per_epoch"]  # any training split of at least one batch shows it
+    trained = set(EpochBatchSampler(n, 16, shuffle=True, max_batches=1).global_batches()[0].tolist())
+    again = {i for b in EpochBatchSampler(n, 8, shuffle=True, start=1) for i in b} & trained
+    assert len(again) == 8  # what a resume with batches of 8 from step 1 would train twice
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "train.batch_size=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 1 of epoch 1 with train.batch_size=16" in err[0] and "resume with train.batch_size=16" in err[0], err
+    assert {k: v for k, v in _snapshot(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
+    assert main(["train", "--resume", str(run)]) == 0  # as it ran: to the end of epoch 2
+    assert main(["train", "--resume", str(run), "train.epochs=3", "train.batch_size=8"]) == 0  # from an epoch's end: allowed
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 3
