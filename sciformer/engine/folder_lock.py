@@ -77,6 +77,33 @@ def drop_folder_lock(folder: Path, name: str, handle: IO[str]) -> None:
         handle.close()
 
 
+MAX_NUMBERED = 1000  # folders of one default name (one name and second)
+
+
+def create_free_folder(folder: Path) -> Path:
+    """The first of ``folder``, ``folder-2``, ``folder-3``, ... that this call creates (empty), and
+    the folders above it: each is made by one ``mkdir`` that fails where the name exists, so
+    processes that pick the same name at once each get a folder of their own."""
+    for number in range(1, MAX_NUMBERED + 1):
+        candidate = folder if number == 1 else folder.with_name(f"{folder.name}-{number}")
+        for _ in range(ATTEMPTS):  # the folder above removed meanwhile (a run that failed at once): made again
+            try:
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                if not folder.parent.is_dir():
+                    raise FolderLockError(f"run folder {candidate}: a file (or a file above it) is in the way; expected a folder") from None
+                break  # taken: the next number
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise FolderLockError(f"run folder {candidate}: cannot be created ({exc.strerror or exc})") from None
+        else:
+            raise FolderLockError(f"run folder {candidate}: the folder above it keeps being removed; try again")
+    raise FolderLockError(f"run folders {folder} to {folder}-{MAX_NUMBERED} all exist; name the run folder with --output-dir")
+
+
 def missing_folders(folder: Path) -> tuple[Path, ...]:
     """``folder`` and the folders above it that do not exist yet, innermost first."""
     absolute = Path(os.path.abspath(folder))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,6 @@ from sciformer.frontend import option
 from sciformer.utils.ranks import is_main_process
 
 
-def default_run_dir(name: str) -> Path:
-    """``runs/<name>-<YYYYmmdd-HHMMSS>`` (relative to the working folder); under torchrun every
-    process takes rank 0's name (:meth:`DistContext.rank0_path`)."""
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def prepare_training(
     config_source: str | Path | dict[str, Any] | None,
     overrides: Sequence[str] = (),
@@ -36,8 +29,9 @@ def prepare_training(
     seed: int | None = None,
     base_dir: str | Path | None = None,
     init_from: str | Path | None = None,
-) -> tuple[Experiment, Path, dict[str, Any] | None]:
-    """The validated experiment, its run folder and the resumed checkpoint state (None for a new run).
+) -> tuple[Experiment, Path | None, dict[str, Any] | None]:
+    """The validated experiment, its run folder (None for a new run without ``output_dir``: the
+    trainer creates ``runs/<name>-<time>``) and the resumed checkpoint state (None for a new run).
 
     ``config_source``: a YAML path, or a dict of sections (paths in it relative to
     ``base_dir``, default the working folder). ``resume``: a run folder or checkpoint.
@@ -95,13 +89,13 @@ def prepare_training(
         init_file = checkpoint_file(resolve_init_from(exp.cfg.train.init_from, exp.base_dir), "best.pt")
         load_checkpoint(init_file)
         exp.cfg.train.init_from = str(init_file.resolve())  # the run's config.yaml names the file, wherever it is read from
-    run_dir = out if out is not None else default_run_dir(exp.cfg.name)
-    check_new_run_dir(run_dir)  # before any data is read
-    return exp, run_dir, None
+    if out is not None:
+        check_new_run_dir(out)  # before any data is read; a default folder is a new one (the Trainer names it)
+    return exp, out, None
 
 
-def run_training(exp: Experiment, run_dir: Path, state: dict[str, Any] | None = None) -> Any:
-    """Train ``exp`` into ``run_dir`` (continuing ``state``); returns the trainer's RunResult.
+def run_training(exp: Experiment, run_dir: Path | None, state: dict[str, Any] | None = None) -> Any:
+    """Train ``exp`` into ``run_dir`` (None: a new ``runs/<name>-<time>``; continuing ``state``); returns the trainer's RunResult.
 
     Everything printed meanwhile (and every warning) also goes to ``run_dir/train.log``;
     ``curves.png`` and ``confusion_matrix.png`` are drawn at the end.

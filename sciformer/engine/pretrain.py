@@ -39,12 +39,11 @@ from sciformer.config import Experiment
 from sciformer.engine import builders
 from sciformer.engine.batching import EpochBatchSampler
 from sciformer.engine.checkpoint import save_checkpoint
-from sciformer.engine.launch import default_run_dir
 from sciformer.engine.loops import TrainingDiverged, to_device
 from sciformer.engine.noise import PerSampleRNG
 from sciformer.engine.pretrain_record import train_pixels_digest
 from sciformer.engine.reporting import metrics_csv_text
-from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunLock, lock_run_dir
+from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunLock, default_run_dir, lock_run_dir
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.signals import signals_held
 from sciformer.errors import ConfigError, LabelsMissing, SciformerError
@@ -108,22 +107,21 @@ def pretrain_config(config_source: str | Path | dict[str, Any], overrides: Seque
         exp = config.from_dict(config_source, Path(base_dir) if base_dir is not None else Path.cwd(), extra, source="config dict")
     else:
         exp = config.load(config_source, extra)
-    run_dir = Path(output_dir) if output_dir is not None else default_run_dir(f"{exp.cfg.name}-pretrain")
-    pretrain(exp, run_dir, settings)
-    return run_dir
+    return pretrain(exp, Path(output_dir) if output_dir is not None else None, settings).parents[1]
 
 
-def pretrain(exp: Experiment, run_dir: Path, settings: PretrainSettings, log: Any = print) -> Path:
-    """Pre-train ``exp``'s model into ``run_dir``; returns the checkpoint written."""
+def pretrain(exp: Experiment, run_dir: Path | None, settings: PretrainSettings, log: Any = print) -> Path:
+    """Pre-train ``exp``'s model into ``run_dir`` (None: a new ``runs/<name>-pretrain-<time>``, ``-2``, ...
+    where a run started in the same second has it); returns the checkpoint written."""
     settings.check()
-    ckpt = run_dir / "checkpoints" / "best.pt"
     # refused before anything is written; a pre-training is not resumed and writes everything at its end
     lock: RunLock | None = None
     try:
         with signals_held():  # a signal meanwhile is raised once the lock can undo the folder
-            lock = lock_run_dir(run_dir, fresh=True, leftovers=UNFINISHED_PRETRAIN_FILES, resume_hint=False)
-        _pretrain(exp, run_dir, settings, log)
-        return ckpt
+            lock = lock_run_dir(run_dir or default_run_dir(f"{exp.cfg.name}-pretrain"), fresh=True, leftovers=UNFINISHED_PRETRAIN_FILES,
+                                resume_hint=False, numbered=run_dir is None)
+        _pretrain(exp, lock.run_dir, settings, log)
+        return lock.run_dir / "checkpoints" / "best.pt"
     finally:
         if lock is not None:
             lock.release()  # removes the folder again if nothing was written

@@ -20,11 +20,20 @@ import math
 import os
 import shutil
 import stat
+import time
 import weakref
 from pathlib import Path
 from typing import IO, Any
 
-from sciformer.engine.folder_lock import FolderLockError, drop_folder_lock, holds_pid_only, missing_folders, open_folder_lock, remove_empty_folders
+from sciformer.engine.folder_lock import (
+    FolderLockError,
+    create_free_folder,
+    drop_folder_lock,
+    holds_pid_only,
+    missing_folders,
+    open_folder_lock,
+    remove_empty_folders,
+)
 from sciformer.engine.report import EVALUATION_TABLES
 from sciformer.engine.signals import not_on_abrupt_exit, on_abrupt_exit, signals_held
 from sciformer.errors import CheckpointError, SciformerError
@@ -172,14 +181,28 @@ class RunLock:
             remove_empty_folders((self.run_dir, *self.parents))  # stops where someone wrote meanwhile
 
 
-def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES,
-                 resume_hint: bool = True) -> RunLock:
-    """Create ``run_dir`` and lock it for this process (before any work).
+def default_run_dir(name: str) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>``: a new run's folder without ``--output-dir`` (locked ``numbered``: :func:`lock_run_dir`)."""
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    ``fresh``: a new run, refused (before anything is written) where :func:`check_new_run_dir`
-    refuses it (with ``leftovers`` and ``resume_hint``), checked again once the lock is held. Temporaries of an interrupted save are
-    removed once the lock is held.
+
+def lock_run_dir(run_dir: Path, *, fresh: bool = True, leftovers: frozenset[str] = UNFINISHED_FILES,
+                 resume_hint: bool = True, numbered: bool = False) -> RunLock:
+    """Create ``run_dir`` and lock it for this process (before any work); the lock's ``run_dir`` is the folder.
+
+    ``fresh``: a new run, refused (before anything is written) where :func:`check_new_run_dir` refuses it (with
+    ``leftovers`` and ``resume_hint``), checked again once the lock is held; temporaries of an interrupted save are
+    removed then. ``numbered``: a default name, or where it exists (a run started in the same second) the first free
+    ``-2``, ``-3``, ... (:func:`create_free_folder`).
     """
+    if numbered:  # a folder made here: removed again by release, or by a failure to lock it
+        with signals_held():  # a signal meanwhile is raised once the lock can undo the folder
+            parents, run_dir = missing_folders(run_dir.parent), create_free_folder(run_dir)
+            try:
+                return RunLock(run_dir, _open_lock(run_dir), True, parents, True)
+            except BaseException:
+                remove_empty_folders((run_dir, *parents))
+                raise
     if fresh:
         check_new_run_dir(run_dir, leftovers=leftovers, resume_hint=resume_hint)
     created = not run_dir.exists()

@@ -41,7 +41,7 @@ from sciformer.engine.noise import StepNoise, install
 from sciformer.engine.pretrain_record import init_notes
 from sciformer.engine.reporting import metrics_csv_text
 from sciformer.engine.run_records import env_record, epoch_line, log_scalars, open_tensorboard
-from sciformer.engine.runfolder import RunLock, check_resume_layout, check_resume_state, lock_run_dir, resume_command, retire_test_result
+from sciformer.engine.runfolder import RunLock, check_resume_layout, check_resume_state, default_run_dir, lock_run_dir, resume_command, retire_test_result
 from sciformer.engine.runtime import apply_threads, environment, epoch_seed, pick_device, seed_everything
 from sciformer.engine.selection import improves, new_best, restore_best, stopped_early
 from sciformer.engine.signals import Interrupted, StopFlag, signals_held
@@ -64,16 +64,20 @@ class RunResult:
 class Trainer:
     """Trains one experiment into one run folder."""
 
-    def __init__(self, exp: Experiment, run_dir: Path, *, resume_state: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> None:
-        self.exp, self.cfg, self.run_dir = exp, exp.cfg, run_dir
+    def __init__(self, exp: Experiment, run_dir: Path | None, *, resume_state: dict[str, Any] | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        """``run_dir`` None: a new folder ``runs/<name>-<time>`` (``-2``, ``-3``, ... where a run started
+        in the same second has it), named by rank 0 for every process."""
+        numbered = run_dir is None and resume_state is None
+        self.exp, self.cfg, self.run_dir = exp, exp.cfg, run_dir if run_dir is not None else default_run_dir(exp.cfg.name)
         self.resume_state = resume_state
         t = self.cfg.train
         self.dist = init_distributed(t.device)
-        self.run_dir = run_dir = self.dist.rank0_path(run_dir)  # a default folder is named by rank 0's clock
         self._lock: RunLock | None = None
         try:
             with signals_held():  # before any work; a signal meanwhile is raised once self._lock can undo the folder
-                self._lock = lock_run_dir(run_dir, fresh=resume_state is None) if self.dist.is_main else None
+                self._lock = lock_run_dir(self.run_dir, fresh=resume_state is None, numbered=numbered) if self.dist.is_main else None
+            self.run_dir = self.dist.rank0_path(self._lock.run_dir if self._lock is not None else self.run_dir)  # the folder rank 0 took
             self._setup(log)
         except BaseException:
             if self._lock is not None:
