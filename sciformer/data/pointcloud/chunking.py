@@ -127,12 +127,15 @@ def split_detached(coord: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     return np.flatnonzero(keep), groups
 
 
-def grid_parts(coord: np.ndarray, grid_size: float | None) -> tuple[np.ndarray, np.ndarray, list[slice]]:
+def grid_parts(coord: np.ndarray, grid_size: float | None,
+               ties: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, np.ndarray, list[slice]]:
     """Grid sampling that keeps gross outliers (:func:`detached_points`) apart: the other
     points and each detached group are sampled on grids of their own, each anchored at its
     own minimum corner, so a far point moves no other point's voxel.
 
-    Returns ``keep`` (m,) rows of ``coord`` (the first point of each voxel), ``inverse`` (n,)
+    Returns ``keep`` (m,) rows of ``coord`` (the point of each voxel nearest its centre, ties
+    broken by the values of ``coord`` and then of ``ties``, per-point arrays such as the
+    features: the same values whatever the order of the rows), ``inverse`` (n,)
     each row's position in ``keep``, and one slice of ``keep`` per cloud to predict apart:
     the other points first, then each detached group. Without detached points this is
     :func:`~sciformer.data.transforms.grid_sample_indices` of the whole cloud.
@@ -144,7 +147,9 @@ def grid_parts(coord: np.ndarray, grid_size: float | None) -> tuple[np.ndarray, 
     start = 0
     for rows in [rest, *groups]:
         if grid_size:
-            keep, inv = grid_sample_indices(coord[rows] if len(rows) < n else coord, grid_size)
+            whole = len(rows) == n
+            keep, inv = grid_sample_indices(coord if whole else coord[rows], grid_size,
+                                            ties=ties if whole else [t[rows] for t in ties])
         else:
             keep, inv = np.arange(len(rows)), np.arange(len(rows))
         keeps.append(rows[keep])

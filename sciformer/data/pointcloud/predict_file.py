@@ -22,7 +22,7 @@ from sciformer.data.pointcloud.export import PointPrediction
 from sciformer.data.pointcloud.fields import COORD_LIMIT, usable_coords
 from sciformer.data.pointcloud.io import read_point_file
 from sciformer.data.pointcloud.sample import assemble_features
-from sciformer.data.transforms import CenterShift, Compose, Sample, index_points
+from sciformer.data.transforms import CenterShift, Compose, Sample, index_points, point_values
 from sciformer.errors import DataError
 from sciformer.frontend import option
 from sciformer.utils.progress import progress
@@ -88,7 +88,8 @@ def predict_cloud(
 
     Invalid points (:func:`valid_points`) are left out of the model's input and get an
     all-zero row and ``valid`` False. The valid points are grid-sampled (``grid_size``,
-    first point per voxel, mapped back to every point), predicted in chunks of at most
+    the point nearest each voxel's centre, chosen by value so the order of the points
+    changes nothing, mapped back to every point), predicted in chunks of at most
     ``max_points`` (recentred in x, y and by ``part_z`` in z, then ``transform`` and the
     features, as the scene datasets make their items), with ``options.overlap`` context
     points per core point and the test-time views of ``options.rotations`` / ``options.flip``.
@@ -113,7 +114,7 @@ def predict_cloud(
     cloud["coord"] = np.asarray(cloud["coord"], dtype=np.float64)
     # gross outliers (a no-data x of 1e6) are sampled and predicted as clouds of their own:
     # with the others they would move the voxel grid's anchor and every chunk's centre
-    keep, inverse, clouds = grid_parts(cloud["coord"], grid_size)
+    keep, inverse, clouds = grid_parts(cloud["coord"], grid_size, point_values(cloud, features))
     shift = CenterShift(z=part_z)  # type: ignore[arg-type]
     transform = transform or Compose([])
 

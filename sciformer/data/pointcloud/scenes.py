@@ -42,6 +42,7 @@ from sciformer.data.transforms import (
     Sample,
     build_transforms,
     index_points,
+    point_values,
 )
 from sciformer.errors import DataError
 from sciformer.utils.atomic import atomic_write_text, atomic_write_with
@@ -95,7 +96,7 @@ class SceneSource(ABC):
 class SceneEvalDataset(PointDataset):
     """Every point of whole scenes, for validation and test.
 
-    Each scene is grid-sampled (first point per voxel, ``inverse`` kept) and split
+    Each scene is grid-sampled (the point nearest each voxel's centre, chosen by value, ``inverse`` kept) and split
     into compact parts of at most ``max_points`` points, which are the items;
     part coordinates are recentred (x, y by the bbox centre, z by ``part_z``). The
     engine's metrics on items are computed on the grid-sampled points;
@@ -153,7 +154,7 @@ class SceneEvalDataset(PointDataset):
         coord = full["coord"]  # (n, 3)
         if coord.shape[0] == 0:
             raise DataError(f"scene {self.source.name(s)}: empty point cloud (0 points)")
-        keep, inverse, clouds = grid_parts(coord, self.grid_size)
+        keep, inverse, clouds = grid_parts(coord, self.grid_size, point_values(full, self.features))
         parts = [part.start + p for part in clouds for p in partition_points(coord[keep[part]], self.max_points)]
         entry = (full, keep, inverse, parts, clouds)
         self._cache[s] = entry

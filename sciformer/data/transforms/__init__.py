@@ -60,6 +60,7 @@ from sciformer.data.transforms.sampling import (
     ShufflePoints,
     SphereCrop,
     grid_sample_indices,
+    point_values,
 )
 
 __all__ = [
@@ -68,5 +69,5 @@ __all__ = [
     "RandomSample", "FixedPoints", "GridSample", "SphereCrop", "ToTensor", "Transform",
     "NON_POINT_KEYS", "Sample", "num_points", "TRANSFORMS", "build_transform", "build_transforms", "check_transform_specs",
     "TransformList",
-    "grid_sample_indices", "index_points", "point_keys", "rotation_matrix", "transform_names",
+    "grid_sample_indices", "index_points", "point_keys", "point_values", "rotation_matrix", "transform_names",
 ]

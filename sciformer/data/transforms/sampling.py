@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -12,6 +13,7 @@ from sciformer.data.transforms.base import (
     Transform,
     index_points,
     num_points,
+    point_keys,
 )
 from sciformer.errors import ConfigError, DataError
 
@@ -104,14 +106,57 @@ class FixedPoints(Transform):
         return index_points(sample, np.arange(self.n) % m)
 
 
+def point_values(sample: Sample, first: Sequence[str] = ()) -> list[np.ndarray]:
+    """The numeric per-point arrays of ``sample`` but ``coord``, to break ties between points
+    (:func:`grid_sample_indices`): those named in ``first`` (the model's features) in that
+    order, then the others by name, so equal inputs to the model come before the labels."""
+    keys = [k for k in point_keys(sample) if k != "coord" and np.asarray(sample[k]).dtype.kind in "biuf"]
+    ordered = [k for k in first if k in keys] + sorted(k for k in keys if k not in first)
+    return [np.asarray(sample[k]) for k in ordered]
+
+
+def _central_points(coord: np.ndarray, size: float, inverse: np.ndarray, m: int,
+                    ties: Sequence[np.ndarray]) -> np.ndarray:
+    """The point of each voxel nearest its centre, ties broken by the smallest (x, y, z,
+    then ``ties`` columns) lexicographically: chosen by value, never by row, so any order of
+    the rows picks points of the same values. O(n) but for the tied voxels.
+
+    Shapes: coord (n, d) float64, inverse (n,) -> keep (m,)
+    """
+    offset = coord - coord.min(axis=0)  # (n, d), then in place: in voxel units ...
+    offset /= size
+    offset -= np.floor(offset)
+    offset -= 0.5  # ... from the voxel's centre
+    dist = np.einsum("ij,ij->i", offset, offset)  # (n,)
+    nearest = np.full(m, np.inf)  # (m,)
+    np.minimum.at(nearest, inverse, dist)
+    cand = np.flatnonzero(dist == nearest[inverse])  # (k,) at least one per voxel
+    keep = np.empty(m, dtype=np.int64)  # (m,)
+    keep[inverse[cand]] = cand
+    if len(cand) > m:  # ties at the smallest distance: lexicographic by value
+        tied = np.bincount(inverse[cand], minlength=m) > 1  # (m,)
+        cand = cand[tied[inverse[cand]]]
+        columns = [coord[cand, j] for j in range(coord.shape[1])]
+        for t in ties:
+            t = np.asarray(t)[cand]
+            columns += [t] if t.ndim == 1 else list(t.reshape(len(cand), -1).T)
+        cand = cand[np.lexsort([*columns[::-1], inverse[cand]])]  # by voxel, then the values
+        first = np.r_[True, inverse[cand[1:]] != inverse[cand[:-1]]]  # (k,)
+        keep[inverse[cand[first]]] = cand[first]
+    return keep
+
+
 def grid_sample_indices(
-    coord: np.ndarray, size: float, rng: np.random.Generator | None = None
+    coord: np.ndarray, size: float, rng: np.random.Generator | None = None, ties: Sequence[np.ndarray] = ()
 ) -> tuple[np.ndarray, np.ndarray]:
     """One point per occupied voxel of edge ``size`` (voxels from :func:`sciformer.geometry.grid_pool`).
 
     Voxels are anchored at the cloud's minimum corner and computed in float64.
-    Without ``rng`` the lowest-index point of each voxel is kept (deterministic);
-    with it, a uniformly random one. Returns ``keep`` (m,) original indices ordered
+    Without ``rng`` each voxel keeps the point nearest its centre, equal distances
+    going to the lexicographically smallest (x, y, z, then the per-point arrays ``ties``,
+    e.g. the features): chosen by the points' values, so the kept values, and all that
+    is predicted from them, do not depend on the order of the rows. With ``rng``, a
+    uniformly random one. Returns ``keep`` (m,) original indices ordered
     by voxel and ``inverse`` (n,) with ``keep[inverse[i]]`` in the voxel of point i,
     so values on the kept points map back to every point as ``values[inverse]``.
     """
@@ -122,11 +167,12 @@ def grid_sample_indices(
     n = coord.shape[0]
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pooled = grid_pool(torch.from_numpy(np.ascontiguousarray(coord, dtype=np.float64)), float(size))
+    c64 = np.ascontiguousarray(coord, dtype=np.float64)  # (n, d)
+    pooled = grid_pool(torch.from_numpy(c64), float(size))
     inverse = pooled.cluster.numpy()  # (n,)
-    if rng is None:
-        return pooled.index.numpy(), inverse
     count = pooled.count.numpy()  # (m,)
+    if rng is None:
+        return _central_points(c64, float(size), inverse, len(count), ties), inverse
     order = np.argsort(inverse, kind="stable")  # (n,) points grouped by voxel
     starts = np.cumsum(count) - count  # (m,)
     keep = order[starts + (rng.random(len(count)) * count).astype(np.int64)]
@@ -134,7 +180,8 @@ def grid_sample_indices(
 
 
 class GridSample(Transform):
-    """Keep one point per voxel of edge ``size`` (random in ``train`` mode, first in ``test``).
+    """Keep one point per voxel of edge ``size`` (random in ``train`` mode; in ``test``, the
+    point nearest the voxel's centre, ties broken by value: see :func:`grid_sample_indices`).
 
     Stores ``inverse`` (n_original,) so predictions on the kept points map back to
     every original point (``pred[inverse]``); repeated grid sampling composes it.
@@ -157,7 +204,8 @@ class GridSample(Transform):
         if num_points(sample) == 0:
             raise DataError("GridSample: empty point cloud (0 points)")
         rng = self._rng(rng) if self.mode == "train" else None
-        keep, inverse = grid_sample_indices(sample["coord"], self.size, rng)
+        ties = point_values(sample) if rng is None else []
+        keep, inverse = grid_sample_indices(sample["coord"], self.size, rng, ties)
         out = index_points(sample, keep)
         previous = sample.get("inverse")
         out["inverse"] = inverse if previous is None else inverse[previous]

@@ -108,3 +108,58 @@ def test_the_readme_names_the_prediction_files_a_scene_gets(tmp_path: Path) -> N
     written = {p.name.replace("toy_0", "<scene>") for p in tmp_path.iterdir() if p.name.startswith("toy_0")}
     assert written == {"<scene>.ply", "<scene>_pred.npy", "<scene>.png"}
     assert listed == written
+
+
+class _Shuffled(SceneSource):
+    """One scene on a 1/8 lattice (points equally near a voxel's centre), with repeated rows and
+    rows at one place with other intensities and labels, its rows in the order ``order``."""
+
+    def __init__(self, order: np.ndarray | None = None) -> None:
+        g = np.random.default_rng(1)
+        coord = g.integers(0, 40, size=(300, 3)) / 8.0  # (300, 3)
+        intensity = g.integers(0, 3, size=300).astype(np.float32)
+        twins = g.integers(0, 300, 50)
+        self.coord = np.vstack([coord, coord[twins]])  # (350, 3)
+        self.intensity = np.concatenate([intensity, intensity[twins] + (np.arange(50) % 2)])
+        self.label = g.integers(0, 2, size=350)  # repeated rows may disagree on their label
+        self.order = np.arange(350) if order is None else order
+
+    def __len__(self) -> int:
+        return 1
+
+    def name(self, index: int) -> str:
+        return "shuffled"
+
+    def key(self, index: int) -> str:
+        return f"shuffled-{self.order[:5]}"
+
+    def load(self, index: int) -> dict[str, np.ndarray]:
+        o = self.order
+        return {"coord": self.coord[o], "intensity": self.intensity[o], "label": self.label[o]}
+
+
+def _by_value(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    feat = batch["feat"].double()  # (N, 4) coord, intensity
+    return torch.sin(feat @ torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.5, 2.5], [4.0, -3.0]], dtype=torch.float64)).float()
+
+
+def test_scene_evaluation_does_not_depend_on_the_order_of_the_rows() -> None:
+    """Items, their labels and every point's prediction are the same for any order of the file's
+    rows (the lowest row once represented each voxel: 1 % of a SemanticKITTI scan's classes
+    and the test metrics changed with the order of the points)."""
+    def run(order: np.ndarray | None) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
+        ds = SceneEvalDataset(_Shuffled(order), grid_size=0.5, max_points=40, part_z="min", transform=None,
+                              features=["coord", "intensity"], seed=0)
+        ((_, pred),) = scene_predictions(ds, _by_value, collate_points, batch_size=3, class_names=["a", "b"],
+                                         overlap=0.5)
+        return [ds[i] for i in range(len(ds))], pred
+
+    items, base = run(None)
+    assert 0 < base.mean() < 1
+    for seed in range(3):
+        perm = np.random.default_rng(seed).permutation(350)
+        items2, pred = run(perm)
+        np.testing.assert_array_equal(pred, base[perm])
+        for a, b in zip(items, items2, strict=True):
+            for name in ("coord", "feat", "label"):
+                np.testing.assert_array_equal(a[name], b[name])

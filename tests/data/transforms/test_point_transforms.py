@@ -181,10 +181,13 @@ def test_grid_sample_inverse_maps_back() -> None:
     vox = np.floor((s["coord"] - s["coord"].min(0)) / 0.5).astype(int)
     assert len(keep) == len(np.unique(vox, axis=0))
     np.testing.assert_array_equal(vox[keep][out["inverse"]], vox)
-    # test mode is deterministic and keeps the lowest index of each voxel
+    # test mode is deterministic and keeps the point nearest each voxel's centre
     np.testing.assert_array_equal(GridSample(0.5, "test")(s)["label"], keep)
+    c64 = s["coord"].astype(np.float64)
+    dist = ((c64 - (c64.min(0) + (vox + 0.5) * 0.5)) ** 2).sum(1)  # (n,) to the voxel's centre
     for v in np.unique(out["inverse"]):
-        assert keep[v] == np.flatnonzero(out["inverse"] == v).min()
+        members = np.flatnonzero(out["inverse"] == v)
+        assert keep[v] == members[np.argmin(dist[members])]
     # train mode picks random points, same voxels
     tr = GridSample(0.5, "train")(s, rng(1))
     assert len(tr["label"]) == len(keep) and not np.array_equal(tr["label"], keep)
@@ -272,3 +275,43 @@ def test_transform_specs_validate_inside_pydantic() -> None:
     with pytest.raises(ValidationError) as e:
         Cfg(train_transforms=[{"name": "shufle_points"}])
     assert "did you mean 'shuffle_points'" in str(e.value)
+
+
+def _lattice_cloud(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Points on a 1/8 lattice (exact distances: many equally near a 0.5 voxel's centre),
+    some rows repeated exactly and some at one place with other features."""
+    g = np.random.default_rng(seed)
+    coord = g.integers(0, 24, size=(300, 3)) / 8.0  # (300, 3)
+    intensity = g.integers(0, 3, size=300).astype(np.float32)  # (300,) few values: ties
+    colour = g.integers(0, 2, size=(300, 3)).astype(np.uint8)  # (300, 3)
+    twins = g.integers(0, 300, 40)
+    coord = np.vstack([coord, coord[twins], coord[twins[:20]]])  # repeated rows, and ...
+    intensity = np.concatenate([intensity, intensity[twins], intensity[twins[:20]] + 1])  # ... other features
+    colour = np.vstack([colour, colour[twins], colour[twins[:20]]])
+    return coord, intensity, colour
+
+
+def test_grid_sample_test_mode_picks_by_value_not_by_row() -> None:
+    """Each voxel keeps the point nearest its centre, equal distances going to the smallest
+    (x, y, z, ties...) lexicographically; any order of the rows keeps points of the same values
+    (the lowest row once represented the voxel: 7 % of a LAS tile's points changed class
+    when the file's points came in another order)."""
+    for seed in range(4):
+        coord, intensity, colour = _lattice_cloud(seed)
+        keep, inverse = grid_sample_indices(coord, 0.5, ties=[intensity, colour])
+        rows = np.column_stack([coord, intensity, colour])  # (n, 7) the values, in tie order
+        cell = np.floor((coord - coord.min(0)) / 0.5)
+        dist = ((coord - (coord.min(0) + (cell + 0.5) * 0.5)) ** 2).sum(1)  # exact on the lattice
+        for v, k in enumerate(keep):
+            members = np.flatnonzero(inverse == v)
+            best = min(members, key=lambda i: (dist[i], *rows[i]))
+            np.testing.assert_array_equal(rows[k], rows[best])
+        for p in range(3):
+            perm = np.random.default_rng([seed, p]).permutation(len(coord))
+            k2, inv2 = grid_sample_indices(coord[perm], 0.5, ties=[intensity[perm], colour[perm]])
+            np.testing.assert_array_equal(rows[perm][k2], rows[keep])  # the same kept values, same voxel order
+            np.testing.assert_array_equal(rows[perm][k2][inv2], rows[keep][inverse][perm])  # per point
+            t = GridSample(0.5, "test")({"coord": coord[perm], "intensity": intensity[perm], "colour": colour[perm]})
+            u = GridSample(0.5, "test")({"coord": coord, "intensity": intensity, "colour": colour})
+            for name in ("coord", "intensity", "colour"):
+                np.testing.assert_array_equal(t[name], u[name])
