@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from sciformer.config_kinds import settle_kinds
 from sciformer.config_numbers import bool_for_number
 from sciformer.contracts import METRIC_NAMES, SEED_MAX, plain_scalar
 from sciformer.errors import ConfigError
@@ -377,7 +378,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Experiment:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
-    raw = apply_overrides(raw, overrides or [])
+    raw = _overridden(raw, overrides or [], str(path))
     with blame_overrides(overrides, str(path)):
         return validate(raw, base_dir=path.resolve().parent, source=str(path))
 
@@ -387,4 +388,10 @@ def from_dict(raw: dict[str, Any], base_dir: Path, overrides: list[str] | None =
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     with blame_overrides(overrides, source):
-        return validate(apply_overrides(raw, overrides or []), base_dir=base_dir, source=source)
+        return validate(_overridden(raw, overrides or [], source), base_dir=base_dir, source=source)
+
+
+def _overridden(raw: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """``raw`` with ``overrides`` applied; keys ``source`` set for a kind or model an override switched away from left out."""
+    return settle_kinds(apply_overrides(raw, overrides), [(t, *parse_override(t)) for t in overrides], source,
+                        {"data": DATASETS, "model": MODELS})

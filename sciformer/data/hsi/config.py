@@ -5,7 +5,7 @@ See :mod:`sciformer.data.hsi.task` for every key with its default.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,6 +23,8 @@ class SplitConfig(BaseModel):
     """How labelled pixels are divided into train / val / test."""
 
     model_config = ConfigDict(extra="forbid")
+    # each kind's own keys: another kind refuses them, and an override of ``kind`` drops those the YAML set
+    KIND_OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"fixed": _FIXED_ONLY, "stratified": _STRATIFIED_ONLY, "blocks": _BLOCKS_ONLY}
 
     kind: Literal["fixed", "stratified", "blocks"] = "blocks"
     # fixed: label maps of the training and test pixels (test_path defaults to train_path)
@@ -61,9 +63,8 @@ class SplitConfig(BaseModel):
     @model_validator(mode="after")
     def _check_kind_options(self) -> SplitConfig:
         given = self.model_fields_set
-        own = {"fixed": _FIXED_ONLY, "stratified": _STRATIFIED_ONLY, "blocks": _BLOCKS_ONLY}
         fields = type(self).model_fields
-        for kind, keys in own.items():
+        for kind, keys in self.KIND_OPTIONS.items():
             if kind == self.kind:
                 continue
             for key in keys:  # a dumped config repeats defaults: only a changed value is an error
