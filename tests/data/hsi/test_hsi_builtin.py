@@ -49,3 +49,25 @@ def test_missing_tensorly_says_what_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorly" else real(name, *a))
     with pytest.raises(DataError, match=r"sciformer\[hsi-data\]"):
         builtin.load_indian_pines()
+
+
+def test_block_split_counts_quoted_in_the_data_readme():
+    import re
+    from pathlib import Path
+
+    from sciformer.data.classes import HyperspectralScene
+
+    text = (Path(__file__).resolve().parents[3] / "datasets" / "hyperspectral" / "README.md").read_text(encoding="utf-8")
+    text = " ".join(text.split())
+    quoted = re.search(r"\(block 12, margin 3, seed 0\): ([\d,]+) train / ([\d,]+) val / ([\d,]+) test pixels", text)
+    assert quoted, "the data README lost its block-split counts"
+    empty = re.search(r"in train; (.+?) — each one small field", text)
+    assert empty
+    counts = {}
+    for split in ("train", "val", "test"):
+        scene = HyperspectralScene("indian_pines", protocol={"kind": "blocks"}, split=split)  # block 12, margin 3, seed 0
+        counts[split] = np.bincount(np.asarray(scene._data.targets), minlength=16)
+    assert [int(q.replace(",", "")) for q in quoted.groups()] == [int(c.sum()) for c in counts.values()]
+    assert (counts["train"] > 0).all()  # "every class in train"
+    no_test = [builtin.INDIAN_PINES_CLASSES[i] for i in np.flatnonzero(counts["test"] == 0)]
+    assert re.split(r", | and ", empty.group(1)) == no_test
