@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from sciformer.api_arrays import as_numpy as _numpy
+from sciformer.api_arrays import write_points
 from sciformer.errors import ConfigError, DataError, SciformerError
 from sciformer.frontend import check_paths, printed_as, python_api
 
 PathLike = str | os.PathLike[str]
-_POINT_FIELDS = ("colour", "normal", "intensity")  # per-point inputs a point file carries besides coordinates
-_FIELD_WIDTH = {"colour": 3, "normal": 3, "intensity": 1}
 
 
 @dataclass
@@ -174,7 +174,7 @@ class Predictor:
                     raise SciformerError("predict: features= goes with a point array; a hyperspectral cube carries its bands")
                 input_path = self._write_cube(tmp_dir, data)
             else:
-                input_path = self._write_points(tmp_dir, data, features)
+                input_path = write_points(tmp_dir / "points.npz", data, features, self.features)
             opts = PredictOptions(probabilities=self.kind in ("points", "hsi"), wavelengths=wavelengths, **options)
             what = "the cube array" if self.kind == "hsi" else "the point array"
             renames = {} if input_path.parent != tmp_dir else {str(input_path): what, input_path.name: what}
@@ -220,47 +220,6 @@ class Predictor:
         np.save(path, np.ascontiguousarray(cube))
         return path
 
-    def _write_points(self, tmp_dir: Path, points: Any, features: Any) -> Path:
-        coord = _numpy(points)
-        if coord.dtype.kind not in "biuf":  # complex, text, objects: never a silent cast
-            raise DataError(f"predict: points must be real numbers, got dtype {coord.dtype}")
-        if coord.ndim != 2 or coord.shape[1] != 3:
-            raise DataError(f"predict: points must be (n, 3) coordinates, got shape {coord.shape}; "
-                            "pass per-point inputs with features=")
-        arrays: dict[str, np.ndarray] = {"coord": coord.astype(np.float64)}
-        if isinstance(features, Mapping):
-            for key, value in features.items():
-                name = {"color": "colour", "rgb": "colour", "normals": "normal"}.get(key, key)
-                if name not in _POINT_FIELDS:
-                    raise DataError(f"predict: unknown feature '{key}'; expected one of {', '.join(_POINT_FIELDS)}")
-                arrays[name] = _numpy(value)
-                if arrays[name].ndim not in (1, 2):  # a scalar or a stack: never broadcast or flattened
-                    shape = f"({len(coord)}, 3)" if _FIELD_WIDTH[name] == 3 else f"({len(coord)},)"
-                    raise DataError(f"predict: feature '{key}' must be an array of shape {shape} (a row per point), "
-                                    f"got shape {arrays[name].shape}")
-        elif features is not None:
-            table = _numpy(features)
-            wanted = [f for f in self.features if f in _POINT_FIELDS]
-            widths = [_FIELD_WIDTH[f] for f in wanted]
-            if table.ndim == 1 and sum(widths) == 1:
-                table = table[:, None]  # (n,) -> (n, 1): one feature of width one
-            if table.ndim != 2 or len(table) != len(coord):  # never reshaped: a (c, n) table would scramble points
-                raise DataError(f"predict: features must be an (n, c) table with a row per point (n = {len(coord)}), "
-                                f"got shape {table.shape}")
-            if table.shape[1] != sum(widths):
-                raise DataError(f"predict: features has {table.shape[1]} columns; the model takes "
-                                f"{' + '.join(f'{f} ({w})' for f, w in zip(wanted, widths, strict=True)) or 'none'}")
-            start = 0
-            for name, width in zip(wanted, widths, strict=True):
-                arrays[name] = table[:, start : start + width] if width > 1 else table[:, start]  # (n, 3) or (n,)
-                start += width
-        for name, value in arrays.items():
-            if len(value) != len(coord):
-                raise DataError(f"predict: feature '{name}' has {len(value)} rows, points have {len(coord)}")
-        path = tmp_dir / "points.npz"
-        np.savez(path, **arrays)
-        return path
-
 
 @contextlib.contextmanager
 def _process_state_kept() -> Iterator[None]:
@@ -278,12 +237,6 @@ def _process_state_kept() -> Iterator[None]:
         random.setstate(py_state)
         np.random.set_state(np_state)
         torch.set_rng_state(torch_state)
-
-
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
 
 
 def load(run_or_checkpoint: PathLike | Sequence[PathLike], device: str | None = None, overrides: Sequence[str] = ()) -> Predictor:

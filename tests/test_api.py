@@ -259,8 +259,12 @@ def test_arguments_of_the_wrong_kind_are_one_line_errors(hsi: dict[str, Path], s
 def test_a_feature_that_is_not_a_row_per_point_is_a_one_line_error(s3dis: dict[str, Path]) -> None:
     points = sciformer.load(s3dis["run"], device="cpu")
     xyz = np.loadtxt(s3dis["room"])[:, :3]
-    for features, needle in [({"intensity": 5.0}, rf"feature 'intensity' must be an array of shape \({len(xyz)},\)"),
-                             ({"colour": np.zeros((len(xyz), 3, 1))}, rf"feature 'colour' must be an array of shape \({len(xyz)}, 3\)")]:
+    for features, needle in [({"intensity": 5.0}, rf"feature 'intensity' \(features=\{{'intensity': ...\}}\) must be an array of shape \({len(xyz)},\)"),
+                             ({"colour": np.zeros((len(xyz), 3, 1))}, rf"feature 'colour' \(features=\{{'colour': ...\}}\) must be an array of shape \({len(xyz)}, 3\)"),
+                             ({"rgb": np.zeros((len(xyz), 2))}, rf"^predict: feature 'rgb' \(features=\{{'rgb': ...\}}\) must be an array of shape "
+                                                                rf"\({len(xyz)}, 3\) \(a row per point\), got shape \({len(xyz)}, 2\)$"),
+                             (None, r"^predict: the model was trained with feature 'colour'; pass it as features=\{'colour': ...\} "
+                                    rf"\(shape \({len(xyz)}, 3\)\), or use a model trained without it$")]:  # the keyword, not 'a file'
         with pytest.raises(sciformer.api.DataError, match=needle):
             points.predict(xyz, features=features)
 
