@@ -70,13 +70,27 @@ def test_checkpoint_records_the_training_wavelengths(runs: dict[str, Path]) -> N
     assert state["data_state"]["in_bands"] == 200 and state["config"]["model"]["position_source"] == "wavelength"
 
 
-@pytest.mark.parametrize(("name", "shape", "outside"), [("aviris_crop_224bands.mat", (90, 90), 4),
-                                                         ("muufl_crop_72bands.mat", (51, 88), 4)])
+def unseen_by_hand(trained: np.ndarray, wl: np.ndarray) -> np.ndarray:
+    """The oracle of the bands left out: outside Indian Pines' range or inside one of its three gaps (the steps
+    over 25 nm), by more than 1 nm."""
+    t = np.sort(trained)
+    out = (wl < t[0] - 1.0) | (wl > t[-1] + 1.0)
+    for i in np.nonzero(np.diff(t) > 25.0)[0]:
+        out |= (wl > t[i] + 1.0) & (wl < t[i + 1] - 1.0)
+    return out
+
+
+@pytest.mark.parametrize(("name", "shape", "left_out"), [("aviris_crop_224bands.mat", (90, 90), 29),
+                                                          ("muufl_crop_72bands.mat", (51, 88), 4)])
 def test_wavelength_model_predicts_real_crops_of_other_sensors(runs: dict[str, Path], data_root: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str], name: str,
-                                                               shape: tuple[int, int], outside: int) -> None:
+                                                               shape: tuple[int, int], left_out: int) -> None:
+    """The bands the model saw no band near are left out: the map equals the prediction of the crop with
+    them cut out by hand (AVIRIS: 4 below 400 nm and 25 in Indian Pines' water-absorption gaps)."""
     crop = data_root / "hsi_wavelengths" / name
-    bands = scipy.io.loadmat(crop)["wavelengths"].size
+    raw = scipy.io.loadmat(crop)
+    cube = raw["hsi_img" if "aviris" in name else "hsi_img_sub"]
+    wl = raw["wavelengths"].ravel().astype(np.float64)
     assert predict(runs["wavelength"], crop, tmp_path / "map.npy") == 0
     label_map = np.load(tmp_path / "map.npy")
     raw = scipy.io.loadmat(crop)
@@ -84,9 +98,32 @@ def test_wavelength_model_predicts_real_crops_of_other_sensors(runs: dict[str, P
     assert label_map.shape == shape and label_map[valid].min() >= 1 and label_map.max() <= 16  # one class per valid pixel
     assert np.all(label_map[~valid] == 0)  # outside the mask (a constant fill spectrum): not classified
     err = capsys.readouterr().err
-    assert f"{bands} bands, " in err and "placed by wavelength in a model trained on 200 bands" in err
-    below = int((scipy.io.loadmat(crop)["wavelengths"].ravel() < 400.02 - 1.0).sum())  # Indian Pines starts at 400.02 nm
-    assert below == outside and f"note: {outside} of {bands} bands" in err
+    assert f"{wl.size} bands, " in err and "placed by wavelength in a model trained on 200 bands" in err
+    unseen = unseen_by_hand(np.load(runs["root"] / "wl.npy"), wl)
+    assert int(unseen.sum()) == left_out and f"note: {left_out} of {wl.size} bands" in err and "left out" in err
+    np.save(tmp_path / "cut.npy", cube[:, :, ~unseen])
+    np.savetxt(tmp_path / "cut_nm.txt", wl[~unseen])
+    assert predict(runs["wavelength"], tmp_path / "cut.npy", tmp_path / "cut_map.npy", "--wavelengths",
+                   str(tmp_path / "cut_nm.txt")) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "cut_map.npy"), label_map)
+    assert "left out" not in capsys.readouterr().err
+    assert predict(runs["wavelength"], crop, tmp_path / "all.npy", "--allow-band-mismatch") == 0  # the opt-in keeps them
+    assert f"WARNING: {left_out} of {wl.size} bands" in capsys.readouterr().err
+
+
+def test_evaluate_leaves_out_the_same_bands(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Oracle: the scene evaluated without the three bands added inside Indian Pines' gaps."""
+    root = runs["root"]
+    cube, wl = np.load(root / "full.npy"), np.load(root / "wl.npy")
+    extra = np.array([1390.0, 1900.0, 2215.0])  # one band in each gap (copies of a neighbour's values)
+    np.save(tmp_path / "more.npy", np.concatenate([cube, cube[:, :, :3]], axis=-1))
+    scores = []
+    for name, source, centres in (("a", root / "full.npy", wl), ("b", tmp_path / "more.npy", np.r_[wl, extra])):
+        listing = "data.wavelengths=[" + ",".join(f"{w:.3f}" for w in centres) + "]"
+        assert main(["evaluate", "--checkpoint", str(runs["wavelength"]), "-o", str(tmp_path / name), f"data.source={source}",
+                     f"data.label_path={root / 'gt.npy'}", listing, "evaluation.split=test"]) == 0
+        scores.append((tmp_path / name / "confusion_matrix.csv").read_text())
+    assert scores[0] == scores[1]
 
 
 def test_real_crop_without_centres_is_refused_then_runs_with_them(runs: dict[str, Path], data_root: Path,
@@ -227,3 +264,4 @@ def test_pca_model_checks_band_centres_as_an_index_model_does(runs: dict[str, Pa
     assert main(["evaluate", "--checkpoint", str(tmp_path / "pca"), "-o", str(tmp_path / "e"),
                  f"data.source={root / 'full.npy'}", f"data.label_path={root / 'gt.npy'}", listing]) == 2
     assert "band centres differ from the model's" in one_error_line(capsys)
+

@@ -12,7 +12,10 @@ that recorded none is not checked).
 model places bands by   the input            result
 ======================  ===================  ==========================================
 wavelength              has centres          runs at the input's centres (any count);
-                                             the normaliser is read at those centres
+                                             the normaliser is read at those centres;
+                                             bands the model saw no neighbour of are
+                                             left out (one note), kept with
+                                             ``allow_band_mismatch``
 wavelength              no centres, same     runs at the checkpoint's centres, with a
                         band count           one-line note on stderr
 wavelength              no centres, other    one-line error: give the centres
@@ -25,7 +28,12 @@ index                   same count, same or  runs
 ======================  ===================  ==========================================
 
 Two band sets are the same when every centre agrees within
-:data:`~sciformer.data.hsi.wavelengths.TOLERANCE_NM`.
+:data:`~sciformer.data.hsi.wavelengths.TOLERANCE_NM`. An input band is *unseen* when its
+centre lies outside the trained range, or inside a gap of the trained centres (a step wider
+than :data:`GAP_FACTOR` times their median step: Indian Pines' water-absorption gaps of 30, 70
+and 134 nm between 10 nm steps), in both cases by more than the tolerance. Its normalisation
+would be read across the gap (or from the edge band), and a model that never saw it gives
+a one-class map of a real AVIRIS scene that holds them.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from sciformer.data.predicting import state_value
 from sciformer.errors import DataError
 from sciformer.frontend import from_python, option
 
+GAP_FACTOR = 2.0  # a step of the trained centres wider than this many median steps is a gap the model never saw
 EVALUATE_CENTRES = "data.wavelengths=[...]"  # how ``evaluate`` (no --wavelengths flag) is given an input's band centres
 
 
@@ -95,6 +104,7 @@ class BandPlan:
 
     wavelengths: np.ndarray | None  # (B,) centres in nm for batch['wavelength']; None: band indices
     resample: bool = False  # the normaliser must be read at ``wavelengths`` (another band set)
+    keep: np.ndarray | None = None  # (B,) bool: the input bands fed to the model (None: all); ``wavelengths`` are theirs
     notes: list[str] = field(default_factory=list)  # printed on stderr
 
 
@@ -145,12 +155,19 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
                 f"as for the same sensor; give {given_as} if it is another"])
         if same_wavelengths(wl, trained.wavelengths):
             return BandPlan(wl)
-        lo, hi = float(trained.wavelengths.min()), float(trained.wavelengths.max())
-        outside = int(np.sum((wl < lo - TOLERANCE_NM) | (wl > hi + TOLERANCE_NM)))
         notes = [f"note: {where}: {describe(wl)} placed by wavelength in a model trained on {describe(trained.wavelengths)}"]
-        if outside:
-            notes.append(f"note: {outside} of {wl.size} bands of {where} lie outside the trained {lo:.1f}-{hi:.1f} nm")
-        return BandPlan(wl, resample=True, notes=notes)
+        unseen = unseen_bands(trained.wavelengths, wl)  # (B,)
+        if not unseen.any():
+            return BandPlan(wl, resample=True, notes=notes)
+        lo, hi = float(trained.wavelengths.min()), float(trained.wavelengths.max())
+        what = f"{int(unseen.sum())} of {wl.size} bands of {where} ({band_ranges(wl, unseen)})"
+        if allow:
+            notes.append(f"WARNING: {what} lie outside the trained {lo:.1f}-{hi:.1f} nm or in its gaps; kept "
+                         f"({mismatch_option()}): the model saw no band there, their normalisation is read across")
+            return BandPlan(wl, resample=True, notes=notes)
+        notes.append(f"note: {what} lie outside the trained {lo:.1f}-{hi:.1f} nm or in its gaps (steps over "
+                     f"{GAP_FACTOR:g}x the median): the model saw no band there; left out ({mismatch_option()} keeps them)")
+        return BandPlan(wl[~unseen], resample=True, keep=~unseen, notes=notes)
     if bands != trained.bands:
         if trained.pca_components is not None:
             raise DataError(f"{where}: the cube has {bands} bands but the model takes {trained.pca_components} PCA components "
@@ -167,6 +184,32 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
             raise DataError(f"{detail}; pass {mismatch_option()} to run anyway")
         return BandPlan(None, notes=[f"WARNING: {detail}: the predictions may be meaningless ({mismatch_option()})"])
     return BandPlan(None)
+
+
+def unseen_bands(trained: np.ndarray, wl: np.ndarray) -> np.ndarray:
+    """(B,) bool: the centres ``wl`` outside the ``trained`` centres' range or inside one of their
+    gaps (a step over :data:`GAP_FACTOR` median steps), by more than the tolerance (see the module docstring).
+
+    Shapes:
+        trained: (T,), wl: (B,) -> (B,)
+    """
+    t = np.sort(np.asarray(trained, dtype=np.float64).reshape(-1))  # (T,)
+    wl = np.asarray(wl, dtype=np.float64).reshape(-1)  # (B,)
+    out = (wl < t[0] - TOLERANCE_NM) | (wl > t[-1] + TOLERANCE_NM)
+    if t.size > 2:
+        step = np.diff(t)  # (T - 1,)
+        for i in np.nonzero(step > GAP_FACTOR * np.median(step))[0]:
+            out |= (wl > t[i] + TOLERANCE_NM) & (wl < t[i + 1] - TOLERANCE_NM)
+    return out
+
+
+def band_ranges(wl: np.ndarray, chosen: np.ndarray) -> str:
+    """``'365.9-394.9, 1363.0-1412.9 nm'``: the runs of ``chosen`` (B,) bool among the centres ``wl`` (B,), in ascending order."""
+    order = np.argsort(wl, kind="stable")
+    wl, chosen = np.asarray(wl, dtype=np.float64)[order], np.asarray(chosen, dtype=bool)[order]
+    edges = np.diff(np.r_[0, chosen.astype(np.int8), 0])  # +1 where a run starts, -1 one past its end
+    runs = zip(np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0] - 1)
+    return ", ".join(f"{wl[a]:.1f}" if a == b else f"{wl[a]:.1f}-{wl[b]:.1f}" for a, b in runs) + " nm"
 
 
 def checkpoint_order(trained: np.ndarray | None, wl: np.ndarray) -> np.ndarray | None:

@@ -192,6 +192,8 @@ def predict_hsi_file(
     wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), option("--wavelengths"))
     scene.cube, wl = arrange_bands(state, scene.cube, wl, str(input_path))
     plan = plan_bands(trained, scene.num_bands, wl, str(input_path), allow_mismatch=options.allow_band_mismatch)
+    if plan.keep is not None:  # bands the model saw no band near: left out
+        scene.cube = np.ascontiguousarray(scene.cube[..., plan.keep])  # (H, W, B')
     if plan.resample:
         assert trained.wavelengths is not None and plan.wavelengths is not None
         norm = norm.at_wavelengths(trained.wavelengths, plan.wavelengths)

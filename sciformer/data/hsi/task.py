@@ -241,6 +241,10 @@ class HSISceneTask(TaskData):
             self.wavelengths = None if self.wavelengths is None else self.wavelengths[back]
         plan = plan_bands(trained, self.facts.bands, self.wavelengths, self.facts.source, allow_mismatch=allow_band_mismatch,
                           given_as=EVALUATE_CENTRES)  # evaluate takes centres as an override, not --wavelengths
+        if plan.keep is not None:  # bands the model saw no neighbour of: left out (datasets made already: remade)
+            self.padded = self.padded[torch.as_tensor(plan.keep)].contiguous()  # (C', H + 2r, W + 2r)
+            self._datasets.clear()
+            self.wavelengths = None if self.wavelengths is None else self.wavelengths[plan.keep]
         self._wavelength = None if plan.wavelengths is None else torch.as_tensor(plan.wavelengths, dtype=torch.float32)
         self.class_mask = trained_class_mask(state.get("trained_classes"), self.info.num_classes)  # none recorded: every class
         names = [str(n) for n in state.get("class_names") or []]

@@ -40,7 +40,9 @@ def test_wavelength_model_takes_any_band_set_with_centres(capsys: pytest.Capture
     assert "half.npy: 100 bands, 400.0-2489.4 nm placed by wavelength" in capsys.readouterr().err
     narrow = np.linspace(350.0, 1050.0, 72)  # 5 bands below the trained 400 nm
     plan = plan_bands(trained(), 72, narrow, "muufl.mat")
-    assert "note: 5 of 72 bands of muufl.mat lie outside the trained 400.0-2500.0 nm" in capsys.readouterr().err
+    assert "note: 5 of 72 bands of muufl.mat (350.0-389.4 nm) lie outside the trained 400.0-2500.0 nm" in capsys.readouterr().err
+    np.testing.assert_array_equal(plan.keep, narrow >= 399.0)  # left out: the 5 below
+    np.testing.assert_array_equal(plan.wavelengths, narrow[narrow >= 399.0])
     same = plan_bands(trained(), 200, WL + 0.4, "same.npy")  # within the 1 nm tolerance: the same band set
     assert not same.resample and capsys.readouterr().err == ""
 
@@ -158,3 +160,29 @@ def test_python_messages_name_the_keyword_of_the_mismatch_opt_in(capsys: pytest.
         plan_bands(trained("index"), 200, shifted, "x.npy", allow_mismatch=True)
     err = capsys.readouterr().err
     assert err.rstrip().endswith("(allow_band_mismatch=True)") and "--allow" not in err
+
+
+GAPPED = np.concatenate([np.arange(400.0, 1350.0, 10.0), np.arange(1420.0, 1820.0, 10.0),
+                         np.arange(1950.0, 2200.0, 10.0), np.arange(2230.0, 2500.0, 10.0)])  # Indian Pines-like gaps
+
+
+def test_bands_in_the_trained_gaps_are_left_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """Oracle: the input centres more than 1 nm inside a gap (a step over 20 nm, twice the 10 nm step) or
+    outside the range, listed by hand."""
+    model = trained(wavelengths=GAPPED)
+    wl = np.arange(365.0, 2500.0, 9.7)  # (221,) another sensor, 10 nm-ish steps straight through the gaps
+    by_hand = (wl < 399.0) | ((wl > 1341.0) & (wl < 1419.0)) | ((wl > 1811.0) & (wl < 1949.0)) \
+        | ((wl > 2191.0) & (wl < 2229.0)) | (wl > 2491.0)
+    plan = plan_bands(model, wl.size, wl, "av.mat")
+    np.testing.assert_array_equal(plan.keep, ~by_hand)
+    np.testing.assert_array_equal(plan.wavelengths, wl[~by_hand])
+    err = capsys.readouterr().err.splitlines()
+    ranges = "(365.0-394.1, 1344.7-1412.6, 1820.0-1946.1, 2198.3-2227.4, 2499.0 nm) lie outside"
+    assert len(err) == 2 and err[1].startswith(f"note: {int(by_hand.sum())} of 221 bands of av.mat {ranges}")
+    assert "left out (--allow-band-mismatch keeps them)" in err[1]
+    kept = plan_bands(model, wl.size, wl, "av.mat", allow_mismatch=True)  # the opt-in: every band, with a warning
+    assert kept.keep is None and np.array_equal(kept.wavelengths, wl)
+    assert capsys.readouterr().err.splitlines()[1].startswith(f"WARNING: {int(by_hand.sum())} of 221 bands")
+    near = plan_bands(model, 3, np.array([1340.5, 1419.2, 1810.8]), "x")  # within 1 nm of a gap's edge: a neighbour
+    assert near.keep is None
+
