@@ -111,6 +111,21 @@ def test_wavelength_model_predicts_real_crops_of_other_sensors(runs: dict[str, P
     assert f"WARNING: {left_out} of {wl.size} bands" in capsys.readouterr().err
 
 
+def test_centres_in_the_wrong_unit_are_refused(runs: dict[str, Path], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from spectral.io import envi
+
+    cube, wl = np.load(runs["root"] / "full.npy")[:12, :12], np.load(runs["root"] / "wl.npy")
+    vnir = wl < 950.0
+    envi.save_image(str(tmp_path / "um.hdr"), cube[:, :, vnir], ext=".img", force=True,
+                    metadata={"wavelength": [str(v) for v in wl[vnir]], "wavelength units": "Micrometers"})  # nm values
+    assert predict(runs["wavelength"], tmp_path / "um.hdr", tmp_path / "m.npy") == 2
+    line = one_error_line(capsys)
+    assert f"none of its {int(vnir.sum())} bands" in line and "unit slip" in line and "--allow-band-mismatch" in line
+    assert not (tmp_path / "m.npy").exists()
+    assert predict(runs["wavelength"], tmp_path / "um.hdr", tmp_path / "m.npy", "--allow-band-mismatch") == 0
+
+
 def test_evaluate_leaves_out_the_same_bands(runs: dict[str, Path], tmp_path: Path) -> None:
     """Oracle: the scene evaluated without the three bands added inside Indian Pines' gaps."""
     root = runs["root"]

@@ -15,7 +15,7 @@ wavelength              has centres          runs at the input's centres (any co
                                              the normaliser is read at those centres;
                                              bands the model saw no neighbour of are
                                              left out (one note), kept with
-                                             ``allow_band_mismatch``
+                                             ``allow_band_mismatch``; none left: error
 wavelength              no centres, same     runs at the checkpoint's centres, with a
                         band count           one-line note on stderr
 wavelength              no centres, other    one-line error: give the centres
@@ -161,6 +161,12 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
             return BandPlan(wl, resample=True, notes=notes)
         lo, hi = float(trained.wavelengths.min()), float(trained.wavelengths.max())
         what = f"{int(unseen.sum())} of {wl.size} bands of {where} ({band_ranges(wl, unseen)})"
+        if unseen.all() and not allow:
+            power = int(np.round(np.log10(np.median(wl) / np.median(trained.wavelengths))))
+            slip = f" (they read about 1e{power} times the trained centres: a unit slip in the file's wavelength units?)" \
+                if abs(power) >= 2 else ""
+            raise DataError(f"{where}: none of its {describe(wl)} lies within the model's trained {lo:.1f}-{hi:.1f} nm or "
+                            f"next to a trained band{slip}; fix the centres, or pass {mismatch_option()} to run anyway")
         if allow:
             notes.append(f"WARNING: {what} lie outside the trained {lo:.1f}-{hi:.1f} nm or in its gaps; kept "
                          f"({mismatch_option()}): the model saw no band there, their normalisation is read across")

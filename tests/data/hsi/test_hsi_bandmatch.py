@@ -186,3 +186,14 @@ def test_bands_in_the_trained_gaps_are_left_out(capsys: pytest.CaptureFixture[st
     near = plan_bands(model, 3, np.array([1340.5, 1419.2, 1810.8]), "x")  # within 1 nm of a gap's edge: a neighbour
     assert near.keep is None
 
+
+def test_no_band_near_the_trained_ones_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    nm_as_um = np.linspace(400.0, 950.0, 59) * 1000.0  # nm values read as micrometres
+    with pytest.raises(DataError, match=r"x.hdr: none of its 59 bands, 400000.0-950000.0 nm lies within the model's trained "
+                                        r"400.0-2500.0 nm .*about 1e3 times.*unit slip.*--allow-band-mismatch") as exc:
+        plan_bands(trained(), 59, nm_as_um, "x.hdr")
+    assert "\n" not in str(exc.value)
+    with pytest.raises(DataError, match=r"none of its 2 bands, 2600.0-2700.0 nm lies within.*next to a trained band; fix"):
+        plan_bands(trained(), 2, np.array([2600.0, 2700.0]), "x")  # no unit slip to name
+    plan = plan_bands(trained(), 59, nm_as_um, "x.hdr", allow_mismatch=True)
+    assert plan.keep is None and "WARNING: 59 of 59 bands" in capsys.readouterr().err
