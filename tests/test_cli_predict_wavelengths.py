@@ -280,3 +280,59 @@ def test_pca_model_checks_band_centres_as_an_index_model_does(runs: dict[str, Pa
                  f"data.source={root / 'full.npy'}", f"data.label_path={root / 'gt.npy'}", listing]) == 2
     assert "band centres differ from the model's" in one_error_line(capsys)
 
+
+def bad_band_file(path: Path, cube: np.ndarray, wl: np.ndarray, bad: np.ndarray, fill: float, bbl: bool) -> Path:
+    from spectral.io import envi
+
+    cube = cube.astype(np.float32)
+    cube[:, :, bad] = fill
+    meta = {"wavelength": [repr(float(v)) for v in wl], "wavelength units": "Nanometers"}
+    if bbl:
+        meta["bbl"] = ["0" if b else "1" for b in bad]
+    envi.save_image(str(path), cube, ext=".img", force=True, metadata=meta)
+    return path
+
+
+def test_bad_bands_are_left_out_for_a_wavelength_model(runs: dict[str, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """ENVI bbl = 0, or NaN on every pixel: the oracle is the prediction of the cube with those bands cut out by hand."""
+    root = runs["root"]
+    cube, wl = np.load(root / "full.npy")[40:64, 40:64], np.load(root / "wl.npy")
+    bad = np.zeros(wl.size, dtype=bool)
+    bad[[103, 104]] = True
+    np.save(tmp_path / "cut.npy", cube[:, :, ~bad])
+    np.save(tmp_path / "cut_nm.npy", wl[~bad])
+    assert predict(runs["wavelength"], tmp_path / "cut.npy", tmp_path / "cut_map.npy", "--wavelengths",
+                   str(tmp_path / "cut_nm.npy")) == 0
+    oracle = np.load(tmp_path / "cut_map.npy")
+    assert oracle.min() >= 1
+    capsys.readouterr()
+    for name, fill, bbl, why in (("listed", 0.0, True, "ENVI bbl = 0: band(s) 104, 105 of the file"),
+                                 ("nan_listed", np.nan, True, "ENVI bbl = 0: band(s) 104, 105 of the file"),
+                                 ("nan", np.nan, False, "NaN/Inf on every pixel: band(s) 104, 105 of the file")):
+        hdr = bad_band_file(tmp_path / f"{name}.hdr", cube, wl, bad, fill, bbl)
+        assert predict(runs["wavelength"], hdr, tmp_path / f"{name}.npy") == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), oracle)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "2 bad band(s) left out: " + why in err
+    holed = cube.astype(np.float32)
+    holed[:, :, bad] = np.nan
+    pred = sciformer.load(runs["wavelength"], device="cpu").predict(holed, wavelengths=wl)  # the API alike
+    np.testing.assert_array_equal(pred.labels + 1, oracle)
+
+
+def test_bad_bands_stay_for_an_index_model_and_no_data_is_named(runs: dict[str, Path], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    root = runs["root"]
+    cube, wl = np.load(root / "full.npy")[40:64, 40:64], np.load(root / "wl.npy")
+    bad = np.zeros(wl.size, dtype=bool)
+    bad[[103, 104]] = True
+    hdr = bad_band_file(tmp_path / "nan.hdr", cube, wl, bad, np.nan, True)
+    assert predict(runs["index"], hdr, tmp_path / "m.npy") == 0
+    assert not np.load(tmp_path / "m.npy").any()  # every pixel has a NaN band: no-data, unclassified
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith(f"note: {hdr}: bad bands kept, the model places bands by index")
+    assert err[1].startswith(f"WARNING: {hdr}: 576 of 576 pixels are no-data") and "band(s) 104, 105 (1-based)" in err[1]
+    assert predict(runs["index"], bad_band_file(tmp_path / "zero.hdr", cube, wl, bad, 0.0, True), tmp_path / "z.npy") == 0
+    assert np.load(tmp_path / "z.npy").min() >= 1  # zeros are data: classified, with the note only
+    assert "WARNING" not in capsys.readouterr().err

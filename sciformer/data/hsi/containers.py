@@ -61,6 +61,7 @@ class Container:
         self.wavelengths = wavelengths  # (B,) band centres in nm, from a header
         self.class_names = class_names
         self.fwhm = fwhm  # (B,) band widths in nm, from a header
+        self.bad_bands: np.ndarray | None = None  # (B,) bool, True where an ENVI header's 'bbl' is 0
         self.nodata: float | None = None  # the no-data value a header declares (ENVI 'data ignore value', GeoTIFF nodata)
         self.refused: dict[str, str] = {}  # members left out of ``arrays`` (Python objects): name -> why
 
@@ -222,6 +223,14 @@ def _spy_to_container(path: Path, img: Any, label_file: bool = False) -> Contain
         return data[:, :, 0] if len(arr_shape) == 2 else data
 
     c = Container(path, {key: ArrayInfo(arr_shape, kind, itemsize)}, load, wavelengths, class_names, fwhm)
+    if not label_map and meta.get("bbl") is not None:  # ENVI bad band list: 0 marks a bad band
+        try:
+            flags = np.asarray([float(str(v).strip()) for v in meta["bbl"]], dtype=np.float64)  # (B,)
+        except ValueError:
+            raise DataError(f"{path}: header field 'bbl' holds a value that is not a number") from None
+        if flags.size != shape[2]:
+            raise DataError(f"{path}: header field 'bbl' lists {flags.size} values for {shape[2]} bands")
+        c.bad_bands = flags == 0
     ignore = meta.get("data ignore value")
     if ignore is not None:
         try:

@@ -15,7 +15,7 @@ from sciformer.contracts import (
     PredictFn,
     PredictOptions,
 )
-from sciformer.data.hsi.bandmatch import TrainedBands, checkpoint_order, input_wavelengths, plan_bands
+from sciformer.data.hsi.bandmatch import BandPlan, TrainedBands, checkpoint_order, input_wavelengths, plan_bands
 from sciformer.data.hsi.builtin import is_builtin, load_builtin
 from sciformer.data.hsi.config import HSISceneConfig
 from sciformer.data.hsi.export import (
@@ -32,7 +32,7 @@ from sciformer.data.hsi.geotiff import (
     write_geotiff_map,
     write_geotiff_probabilities,
 )
-from sciformer.data.hsi.nodata import fill_nodata, nodata_pixels
+from sciformer.data.hsi.nodata import bad_bands, fill_nodata, nodata_pixels, nodata_warning
 from sciformer.data.hsi.normalize import Normalizer
 from sciformer.data.hsi.patches import pad_transformed, predict_scene
 from sciformer.data.hsi.readers import (
@@ -79,8 +79,9 @@ def _read_for_prediction(cfg: HSISceneConfig, input_path: Path, trained: dict[st
 
 
 def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None,
-                  where: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """An input cube's bands in the order the model was trained on, whatever the file's order.
+                  where: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """An input cube's bands in the order the model was trained on, whatever the file's order,
+    and the file's band of each (``cube_out[..., i]`` is ``cube[..., order[i]]``).
 
     When the training scene had centres (``bands_ascending`` in the state, or training
     centres recorded) and the input has them: ascending order of centre, or, for a checkpoint
@@ -88,21 +89,49 @@ def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None
     band set, the checkpoint's order. An input of as many bands without centres is read in
     the training file's order (``band_order``). Otherwise the file's order.
     """
+    kept = np.arange(cube.shape[-1])  # (B,)
     trained = state.get("wavelengths")
     trained = None if trained is None else np.asarray(trained.tolist() if hasattr(trained, "tolist") else trained, dtype=np.float64)
     if not state.get("bands_ascending") and trained is None:
-        return cube, wl
+        return cube, wl, kept
     if wl is None:
         order = state.get("band_order")
         if order is not None and cube.shape[-1] == len(order):
             order = np.asarray(order.tolist() if hasattr(order, "tolist") else order, dtype=np.int64)
-            cube = np.ascontiguousarray(np.take(cube, order, axis=-1))
-        return cube, wl
-    cube, wl, _ = bands_ascending(cube, wl, f"{where}: band centres")
+            return np.ascontiguousarray(np.take(cube, order, axis=-1)), wl, order
+        return cube, wl, kept
+    cube, wl, order = bands_ascending(cube, wl, f"{where}: band centres")
+    kept = kept if order is None else order
     back = checkpoint_order(trained, wl)  # ascending -> an older checkpoint's order
     if back is not None:
-        cube, wl = np.ascontiguousarray(np.take(cube, back, axis=-1)), wl[back]
-    return cube, wl
+        cube, wl, kept = np.ascontiguousarray(np.take(cube, back, axis=-1)), wl[back], kept[back]
+    return cube, wl, kept
+
+
+def _leave_out_bands(scene: Scene, plan: BandPlan, trained: TrainedBands, norm: Normalizer, file_band: np.ndarray,
+                     where: str) -> Normalizer:
+    """Feed the model the bands ``plan`` keeps, less the bad ones (ENVI ``bbl`` = 0, or NaN on every pixel) for a
+    model placing bands by wavelength (an index model needs every band: they stay, with a note); ``scene.cube``
+    is cut in place, ``plan.wavelengths`` too, and the normaliser returned is read at the bands fed.
+    ``file_band``: the file's band of each of ``scene.cube``'s (:func:`arrange_bands`)."""
+    listed = scene.meta.get("bad_bands")
+    bad, what = bad_bands(scene.cube, None if listed is None else np.asarray(listed)[file_band])  # (B,)
+    keep = np.ones(scene.num_bands, dtype=bool) if plan.keep is None else plan.keep.copy()  # (B,)
+    if bad.any() and not trained.by_wavelength:
+        print(f"note: {where}: bad bands kept, the model places bands by index and takes all {trained.bands}: {what}",
+              file=sys.stderr)
+    elif bad.any() and plan.wavelengths is not None:
+        if not (keep & ~bad).any():
+            raise DataError(f"{where}: every band the model could take is bad ({what}); nothing is left to predict from")
+        plan.wavelengths, plan.resample = plan.wavelengths[~bad[keep]], True  # (B',)
+        keep &= ~bad
+        print(f"note: {where}: {int(bad.sum())} bad band(s) left out: {what}", file=sys.stderr)
+    if not keep.all():
+        scene.cube = np.ascontiguousarray(scene.cube[..., keep])  # (H, W, B')
+    if plan.resample:
+        assert trained.wavelengths is not None and plan.wavelengths is not None
+        return norm.at_wavelengths(trained.wavelengths, plan.wavelengths)
+    return norm
 
 
 def trained_class_mask(present: Any, num_classes: int) -> torch.Tensor | None:
@@ -190,16 +219,15 @@ def predict_hsi_file(
     given = None if options.wavelengths is None else read_wavelength_spec(options.wavelengths, option("--wavelengths"))
     scene, georef = _read_for_prediction(cfg, input_path, state.get("data_config") or {})
     wl = input_wavelengths(scene.wavelengths, given, scene.num_bands, str(input_path), option("--wavelengths"))
-    scene.cube, wl = arrange_bands(state, scene.cube, wl, str(input_path))
+    scene.cube, wl, file_band = arrange_bands(state, scene.cube, wl, str(input_path))
     plan = plan_bands(trained, scene.num_bands, wl, str(input_path), allow_mismatch=options.allow_band_mismatch)
-    if plan.keep is not None:  # bands the model saw no band near: left out
-        scene.cube = np.ascontiguousarray(scene.cube[..., plan.keep])  # (H, W, B')
-    if plan.resample:
-        assert trained.wavelengths is not None and plan.wavelengths is not None
-        norm = norm.at_wavelengths(trained.wavelengths, plan.wavelengths)
+    norm = _leave_out_bands(scene, plan, trained, norm, file_band, str(input_path))
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names), input_path)
     nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): label 0, NaN probabilities
+    warning = nodata_warning(scene.cube, nodata, str(input_path))
+    if warning:
+        print(warning, file=sys.stderr)
     if "valid" in scene.meta:
         nodata |= ~scene.meta["valid"]  # outside the file's valid-pixel mask: as no-data
     padded = pad_transformed(  # no-data pixels filled with the shift: 0 once normalised, neighbours' patches stay clean

@@ -345,7 +345,8 @@ def read_scene(
         class_names=names,
         source=str(path),
         meta={"image_key": key, **({} if c.fwhm is None else {"fwhm": c.fwhm}),
-              **({} if c.nodata is None else {"nodata": c.nodata})},
+              **({} if c.nodata is None else {"nodata": c.nodata}),
+              **({} if c.bad_bands is None else {"bad_bands": c.bad_bands})},
     )
 
 

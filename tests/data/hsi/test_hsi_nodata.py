@@ -145,3 +145,23 @@ def test_labels_scores_count_the_no_data_pixels_they_skip() -> None:
     assert scores_line("a.npy", s, "gt.npy") == "a.npy: OA 50.00  AA 50.00 on 2 labelled pixels of gt.npy; 1 labelled no-data pixel(s) not scored"
     none = map_scores(np.zeros_like(gt), gt, 2)
     assert scores_line("a.npy", none, "gt.npy") == "a.npy: no labelled pixel to score in gt.npy; 3 labelled no-data pixel(s) not scored"
+
+
+def test_bad_bands_and_the_no_data_warning() -> None:
+    from sciformer.data.hsi.nodata import bad_bands, nodata_pixels, nodata_warning
+
+    cube = np.ones((4, 5, 6), dtype=np.float32)
+    cube[:, :, 2] = np.nan  # a bad band: NaN everywhere
+    cube[0, 0, 4] = np.inf  # one bad pixel in another band
+    bad, what = bad_bands(cube, np.array([0, 0, 0, 0, 0, 1], bool))
+    np.testing.assert_array_equal(bad, [False, False, True, False, False, True])
+    assert what == "ENVI bbl = 0: band(s) 6 of the file (1-based); NaN/Inf on every pixel: band(s) 3 of the file (1-based)"
+    clean, none = bad_bands(cube[:, :, :2], None)
+    assert not clean.any() and none == ""
+    line = nodata_warning(cube, nodata_pixels(cube), "x.hdr")
+    assert line == "WARNING: x.hdr: 20 of 20 pixels are no-data and left unclassified: NaN/Inf in band(s) 3 (1-based); " \
+        "a bad band? mark it 0 in the header's bbl or drop it"
+    assert nodata_warning(cube[:, :, [0, 4]], nodata_pixels(cube[:, :, [0, 4]]), "x") is None  # 1 of 20 pixels
+    ints = np.zeros((2, 2, 3), dtype=np.int16)
+    ints[0, 0] = 7
+    assert nodata_warning(ints, nodata_pixels(ints, 0.0), "x").endswith("(the file's no-data value in every band)")

@@ -96,6 +96,22 @@ def test_envi_round_trip_with_wavelengths_and_label_file(tmp_path, uint_scene):
         assert s.class_names == ["a", "b", "c", "d"]
 
 
+def test_envi_bad_band_list(tmp_path, uint_scene):
+    import spectral.io.envi as envi
+
+    cube, _, wl = uint_scene
+    flags = ["1"] * cube.shape[2]
+    flags[1] = "0.0"  # written as a float by some tools
+    envi.save_image(str(tmp_path / "cube.hdr"), cube, metadata={"wavelength": [f"{w:.3f}" for w in wl], "bbl": flags})
+    np.testing.assert_array_equal(read_scene(tmp_path / "cube.hdr", labels="none").meta["bad_bands"],
+                                  [f == "0.0" for f in flags])
+    envi.save_image(str(tmp_path / "short.hdr"), cube, metadata={"bbl": flags[:-1]})
+    with pytest.raises(DataError, match=rf"short.hdr: header field 'bbl' lists {cube.shape[2] - 1} values for {cube.shape[2]} bands"):
+        read_scene(tmp_path / "short.hdr", labels="none")
+    envi.save_image(str(tmp_path / "plain.hdr"), cube)
+    assert "bad_bands" not in read_scene(tmp_path / "plain.hdr", labels="none").meta
+
+
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "cp1252", "latin-1"])
 def test_envi_headers_with_bom_or_code_page(tmp_path, uint_scene, encoding):
     """ENVI on Windows writes the system code page, editors add a BOM: both read like UTF-8."""
