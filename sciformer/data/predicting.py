@@ -6,16 +6,23 @@ before any work, and reads its settings from the checkpoint's data state::
     options, input_path, output_path = start_prediction(
         "modelnet", options, input_path, output_path, (".json", ".npy"), refuse=("overlap", "flip"))
     classes = state_value(state, "class_names", "modelnet")
+
+A class table given as an override (``data.classes``, ``data.class_names``) follows one rule
+in ``evaluate`` and ``predict`` alike: the model's class k is the checkpoint's k-th class, so
+names or an order other than the checkpoint's are refused (:func:`check_class_names`); the
+codes a class takes may change (data relabelled), and are then honoured, with a note
+(:func:`table_as_given`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sciformer.contracts import PredictOptions
-from sciformer.errors import DataError
+from sciformer.errors import CheckpointError, DataError
 
 LAS_SUFFIXES = (".las", ".laz")
 
@@ -64,3 +71,43 @@ def state_value(state: dict[str, Any], key: str, dataset: str) -> Any:
         return state[key]
     except KeyError:
         raise DataError(f"checkpoint data state: missing key '{key}'; not a {dataset} checkpoint") from None
+
+
+SHOWN_CLASSES = 12  # class names listed in one line before "+N more"
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names[:SHOWN_CLASSES]) + (f" (+{len(names) - SHOWN_CLASSES} more)" if len(names) > SHOWN_CLASSES else "")
+
+
+def check_class_names(trained: Sequence[Any], given: Sequence[Any], what: str) -> None:
+    """Refuse, in one CheckpointError line naming both, class names ``given`` (``what`` lists them:
+    ``data.classes``, ``this data``) other than the checkpoint's ``trained`` names, in their order:
+    the model's class k is the checkpoint's k-th class whatever it is called here. A checkpoint
+    whose classes were never named (``class_1``, ``class_2``, ...) takes any names of its count."""
+    trained, given = [str(n) for n in trained], [str(n) for n in given]
+    if trained == given or (len(trained) == len(given) and trained == [f"class_{k}" for k in range(1, len(trained) + 1)]):
+        return
+    first = next((k for k, (a, b) in enumerate(zip(trained, given)) if a != b), min(len(trained), len(given)))
+    where = (f"class {first} is '{given[first]}' here, '{trained[first]}' in the checkpoint" if first < min(len(trained), len(given))
+             else f"{len(given)} classes here, {len(trained)} in the checkpoint")
+    raise CheckpointError(f"{what} lists the classes {_names(given)}; the checkpoint's model predicts {_names(trained)}, in that order "
+                          f"({where}): give its class names in its order (the codes a class takes may change)")
+
+
+def table_as_given(trained: Mapping[str, Sequence[int]], given: Mapping[str, Sequence[int]], trained_unmapped: Any, given_unmapped: Any,
+                   key: str = "data.classes") -> dict[str, list[int]]:
+    """The class table ``given`` (an override, or the trained one repeated), once its names and order are
+    the checkpoint's (:func:`check_class_names`); codes other than ``trained`` (or another
+    ``unmapped``) are kept and named in a note on stderr: the data is read, and predictions are
+    written, with them."""
+    table = {str(k): [int(v) for v in vs] for k, vs in given.items()}
+    before = {str(k): [int(v) for v in vs] for k, vs in trained.items()}
+    check_class_names(list(before), list(table), key)
+    changes = [f"{name} {before[name]} -> {codes}" for name, codes in table.items() if codes != before[name]]
+    if trained_unmapped is not None and str(trained_unmapped) != str(given_unmapped):
+        changes.append(f"unmapped {trained_unmapped} -> {given_unmapped}")
+    if changes:
+        print(f"note: {key} recodes the checkpoint's classes ({'; '.join(changes)}): labels are read, and classes written, "
+              "with these codes", file=sys.stderr)
+    return table

@@ -166,6 +166,7 @@ def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_d
     The folder (``output_dir`` or :func:`evaluation_folder`) is checked before any data is read
     and held while it is written (:func:`locked_evaluation_dir`).
     """
+    from sciformer.data.predicting import table_as_given
     from sciformer.engine import builders
     from sciformer.engine.checkpoint import checkpoint_file
     from sciformer.engine.ensemble import load_models
@@ -179,8 +180,13 @@ def evaluate_checkpoints(checkpoints: list[Path], overrides: list[str], output_d
     with locked_evaluation_dir(out_dir, overwrite):
         task = builders.build_task(exp)
         check_split_not_empty(task, exp.cfg.evaluation.split)
-        task.match_checkpoint(predictor_state(state, exp), allow_band_mismatch=allow_band_mismatch)
-        check_data_fits(state, exp, task.info, files[0])  # classes, and input channels where the model is sized by them
+        trained = predictor_state(state, exp)
+        task.match_checkpoint(trained, allow_band_mismatch=allow_band_mismatch)
+        key = "data.classes" if "classes" in trained else "data.class_names" if getattr(exp.data_params, "class_names", None) else "this data"
+        check_data_fits(state, exp, task.info, files[0], key)  # classes (count, names, order), input channels where they size the model
+        now = task.state()
+        if isinstance(trained.get("classes"), dict) and isinstance(now.get("classes"), dict):  # a class -> codes table
+            table_as_given(trained["classes"], now["classes"], trained.get("unmapped"), now.get("unmapped"))
         extra = {"checkpoint": str(files[0]), "checkpoint_epoch": state.get("epoch")} if len(files) == 1 else \
             {"checkpoints": [str(f.resolve()) for f in files], "checkpoint_epochs": model.epochs}
         evaluate_and_export(exp, task, model, device, out_dir, extra=extra, only_recorded=True)

@@ -180,16 +180,18 @@ def check_fits(own: dict[str, Any], state: dict[str, Any], where: str | Path, ex
         raise CheckpointError(line + _hint(ctx, str(where)))
 
 
-def check_data_fits(state: dict[str, Any], exp: Any, info: Any, where: str | Path) -> None:
-    """Refuse a checkpoint whose model could not run on data described by ``info`` (a DataInfo).
+def check_data_fits(state: dict[str, Any], exp: Any, info: Any, where: str | Path, names_from: str = "this data") -> None:
+    """Refuse a checkpoint whose model could not run on data described by ``info`` (a DataInfo),
+    or whose classes this data names otherwise (:func:`~sciformer.data.predicting.check_class_names`).
 
     The model is built for ``info`` (on the meta device when the builder allows, without
     touching the random state) and its tensor shapes compared with the checkpoint's: a
     band-count-agnostic model accepts another band count, a model sized by its input
-    channels or classes does not.
+    channels or classes does not. ``names_from``: what lists this data's class names, in messages.
     """
     import dataclasses
 
+    from sciformer.data.predicting import check_class_names
     from sciformer.engine import builders
 
     trained_wl = (state.get("data_info") or {}).get("wavelengths")  # a scene without centres runs at the checkpoint's
@@ -208,6 +210,9 @@ def check_data_fits(state: dict[str, Any], exp: Any, info: Any, where: str | Pat
     if classes != info.num_classes:  # a model without a class-sized tensor still predicts the wrong classes
         raise CheckpointError(f"checkpoint '{where}' was trained for {classes} classes, this data has {info.num_classes}"
                               f"; to fine-tune it on this data, train a new run with {option('--init-from', where)}")
+    names = (state.get("data_info") or {}).get("class_names")
+    if names is not None:  # the model's class k is the checkpoint's k-th class, whatever this data calls it
+        check_class_names(names, info.class_names, names_from)
 
 
 # ------------------------------------------------------------------------ --init-from
