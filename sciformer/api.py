@@ -80,6 +80,7 @@ class Predictor:
     """A trained model with its data state, ready to predict arrays or files (see :func:`load`)."""
 
     def __init__(self, run_or_checkpoint: PathLike | Sequence[PathLike], device: str | None = None, overrides: Sequence[str] = ()) -> None:
+        from sciformer.data.predicting import check_class_names
         from sciformer.engine.ensemble import load_models
         from sciformer.engine.inference import predict_fn, predictor_state
         from sciformer.registry import DATASETS
@@ -93,6 +94,11 @@ class Predictor:
             self.experiment, state, self.model, self.device = load_models(sources, _override_list(overrides), device)
         self.data_state: dict[str, Any] = predictor_state(state, self.experiment)  # + the model's position_source
         self.data_info: dict[str, Any] = dict(state.get("data_info") or {})
+        names = [str(n) for n in self.data_info.get("class_names", [])]
+        given = getattr(self.experiment.data_params, "class_names", None)  # hyperspectral: names for a checkpoint's unnamed classes
+        if given is not None:  # refused as predict refuses them: the model's class k is the checkpoint's k-th class
+            check_class_names(names, given, "data.class_names")
+        self._class_names = names if given is None else [str(n) for n in given]
         self.members = len(sources)  # 1, or the checkpoints of an ensemble
         self.epoch = state.get("epoch") if self.members == 1 else list(self.model.epochs)  # an ensemble: each member's
         name = self.experiment.cfg.data.name
@@ -105,7 +111,7 @@ class Predictor:
     # ------------------------------------------------------------------ facts
     @property
     def class_names(self) -> list[str]:
-        return [str(n) for n in self.data_info.get("class_names", [])]
+        return list(self._class_names)
 
     @property
     def kind(self) -> str:

@@ -1,6 +1,6 @@
 """Class names against the checkpoint's, for every dataset (``sciformer.data.predicting``): the
 model's class k is the checkpoint's k-th class, so data whose classes are named otherwise or
-ordered otherwise is refused by ``evaluate`` in one line naming both;
+ordered otherwise is refused in one line naming both, by ``evaluate`` and ``predict`` alike;
 a checkpoint whose classes were never named (``class_1``, ...) takes names for them. A table of
 codes keeps the checkpoint's classes in order and may change their codes (with a note).
 
@@ -17,6 +17,7 @@ import pytest
 import yaml
 from synthetic import make_hsi_scene, write_modelnet_h5, write_tiny_hsi_config
 
+import sciformer
 from sciformer.cli import main
 from sciformer.data.predicting import check_class_names, table_as_given
 from sciformer.errors import CheckpointError
@@ -76,6 +77,9 @@ def test_hsi_reordered_class_names_are_refused(hsi: Path, tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert "data.class_names lists the classes wheat, corn, soy; the checkpoint's model predicts corn, wheat, soy" in err
     assert not (tmp_path / "ev").exists()
+    assert main(["predict", "--checkpoint", str(hsi / "named"), "-i", str(hsi / "cube.npy"), "-o", str(tmp_path / "m.npy"), swapped]) == 2
+    assert "the checkpoint's model predicts corn, wheat, soy, in that order" in capsys.readouterr().err
+    assert not (tmp_path / "m.npy").exists()
     assert main(["evaluate", "--checkpoint", str(hsi / "named"), "-o", str(tmp_path / "same"), "data.class_names=[corn, wheat, soy]"]) == 0
     assert _per_class_names(tmp_path / "same") == ["corn", "wheat", "soy"]
 
@@ -84,6 +88,14 @@ def test_hsi_names_for_a_checkpoint_s_unnamed_classes(hsi: Path, tmp_path: Path)
     names = "data.class_names=[road, tree, roof]"
     assert main(["evaluate", "--checkpoint", str(hsi / "unnamed"), "-o", str(tmp_path / "ev"), names]) == 0
     assert _per_class_names(tmp_path / "ev") == ["road", "tree", "roof"]
+    out = tmp_path / "map.hdr"  # predict names them alike (ENVI class names)
+    assert main(["predict", "--checkpoint", str(hsi / "unnamed"), "-i", str(hsi / "cube.npy"), "-o", str(out), names]) == 0
+    header = out.read_text().replace("\n", " ")
+    assert "road" in header and "tree" in header and "roof" in header and "class_1" not in header
+    model = sciformer.load(hsi / "unnamed", overrides={"data.class_names": ["road", "tree", "roof"]})  # the Python API alike
+    assert model.class_names == model.predict(np.load(hsi / "cube.npy")).class_names == ["road", "tree", "roof"]
+    with pytest.raises(CheckpointError, match="data.class_names lists the classes wheat, corn, soy; the checkpoint's model predicts corn"):
+        sciformer.load(hsi / "named", overrides=["data.class_names=[wheat, corn, soy]"])
 
 
 # --------------------------------------------------------------------------- ModelNet
@@ -106,3 +118,37 @@ def test_modelnet_test_set_naming_its_classes_in_another_order(tmp_path: Path, c
     assert "this data lists the classes desk, chair, lamp; the checkpoint's model predicts chair, desk, lamp, in that order" in err
     same = write_modelnet_h5(tmp_path / "mn3", classes, per_class=(6, 2), points=48)
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run"), "-o", str(tmp_path / "ev3"), f"data.root={same}"]) == 0
+
+
+# --------------------------------------------------------------------------- point_scenes
+
+
+def test_point_scenes_predict_reads_and_writes_a_recoded_table(data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A model that predicts each point's own label (read through the table) writes each class's first code."""
+    import torch
+
+    from sciformer.contracts import PredictOptions
+    from sciformer.data.pointcloud.point_scenes import PointScenesConfig, predict_point_scenes_file
+
+    laspy = pytest.importorskip("laspy")
+    source = data_root / "lidar" / "las_warsaw_small.las"
+    trained = {"ground": [2], "vegetation": [3, 4, 5], "other": []}
+    state = {"class_names": list(trained), "classes": trained, "features": [], "grid_size": None, "eval_max_points": 60000,
+             "columns": None, "unmapped": "other"}
+
+    def own_label(batch: dict) -> torch.Tensor:
+        return torch.nn.functional.one_hot(batch["target"].clamp(min=0), 3).float() * 4  # (n, 3)
+
+    def run(table: dict, out: Path) -> Path:
+        cfg = PointScenesConfig(root=str(tmp_path), train_files=[str(source)], val_files=[], classes=table, unmapped="other")
+        return predict_point_scenes_file(cfg, state, own_label, source, out, 16, options=PredictOptions())
+
+    out = run({"ground": [2, 3], "vegetation": [4, 5], "other": []}, tmp_path / "recoded.las")  # code 3 is ground now
+    assert "ground [2] -> [2, 3]; vegetation [3, 4, 5] -> [4, 5]" in capsys.readouterr().err
+    original = np.asarray(laspy.read(source).classification)
+    assert 3 in original
+    expected = np.where(np.isin(original, [2, 3]), 2, np.where(np.isin(original, [4, 5]), 4, 1))
+    np.testing.assert_array_equal(np.asarray(laspy.read(out).classification), expected)
+    with pytest.raises(CheckpointError, match="lists the classes vegetation, ground, other; the checkpoint's model predicts ground"):
+        run({"vegetation": [3, 4, 5], "ground": [2], "other": []}, tmp_path / "reordered.las")
+    assert not (tmp_path / "reordered.las").exists()

@@ -1,10 +1,11 @@
-"""A ``data.classes`` override against the checkpoint's class table, on the real LAS tiles. The
-model's class k is the checkpoint's k-th class, so ``evaluate`` refuses other names or another
-order in one line naming both; other codes for the same classes (relabelled data) are
-honoured with a note.
+"""A ``data.classes`` override against the checkpoint's class table, on the real LAS tiles: one
+rule for ``evaluate``, ``predict`` and ``sciformer.load(...).predict``. The model's class k is
+the checkpoint's k-th class, so other names or another order are refused in one line naming
+both; other codes for the same classes (relabelled data) are honoured with a note.
 
-Oracle: the tile's ASPRS codes mapped through the recoded table with numpy, scored against
-the per-point predictions the run itself exported (a confusion matrix in numpy)."""
+Oracles: the tile's ASPRS codes mapped through the recoded table with numpy, scored against
+the per-point predictions the run itself exported (a confusion matrix in numpy); and the LAS
+written without an override, with the one recoded code replaced."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import sciformer
 from sciformer.cli import main
+from sciformer.errors import CheckpointError
 
 laspy = pytest.importorskip("laspy")
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "lidar_tiles.yaml"
@@ -77,3 +80,36 @@ def test_evaluate_scores_a_recoded_table_on_the_recoded_labels(run: Path, data_r
     assert full["miou"] == pytest.approx(np.nanmean(iou))
     assert full["per_class"]["building"]["support"] == int(np.isin(truth, 2).sum()) == int(np.isin(
         laspy.read(data_root / "lidar" / f"{TILE}.las").classification, [5, 6]).sum())
+
+
+def test_predict_refuses_a_reordered_table(run: Path, data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "r.las"
+    code = main(["predict", "--checkpoint", str(run), "-i", str(data_root / "lidar" / "las_warsaw_small.las"), "-o", str(out), REORDERED])
+    _refused(capsys, code)
+    assert not out.exists()
+
+
+def test_predict_writes_a_recoded_table_s_codes(run: Path, data_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tile = data_root / "lidar" / "las_warsaw_small.las"
+    plain, recoded = tmp_path / "plain.las", tmp_path / "c11.las"
+    assert main(["predict", "--checkpoint", str(run), "-i", str(tile), "-o", str(plain)]) == 0
+    assert main(["predict", "--checkpoint", str(run), "-i", str(tile), "-o", str(recoded),
+                 "data.classes={ground: [11, 2], vegetation: [3, 4, 5], building: [6], other: []}"]) == 0
+    assert "note: data.classes recodes the checkpoint's classes (ground [2] -> [11, 2])" in capsys.readouterr().err
+    a = np.asarray(laspy.read(plain).classification)
+    b = np.asarray(laspy.read(recoded).classification)
+    assert 2 in a and 2 not in b
+    np.testing.assert_array_equal(b, np.where(a == 2, 11, a))  # the same predictions, ground written as its first code, 11
+
+
+def test_python_api_follows_the_same_rule(run: Path, data_root: Path, capsys: pytest.CaptureFixture) -> None:
+    tile = data_root / "lidar" / "las_warsaw_small.las"
+    with pytest.raises(CheckpointError, match=f"predicts {TRAINED_ORDER}, in that order"):
+        sciformer.load(run, overrides=[REORDERED]).predict(tile)
+    plain = sciformer.load(run).predict(tile)
+    capsys.readouterr()
+    recoded = sciformer.load(run, overrides={"data.classes": {"ground": [2], "vegetation": [3, 4, 5], "building": [7], "other": []}})
+    pred = recoded.predict(tile)
+    assert "building [6] -> [7]" in capsys.readouterr().err
+    assert pred.class_names == plain.class_names == TRAINED_ORDER.split(", ")
+    np.testing.assert_array_equal(pred.labels, plain.labels)

@@ -43,7 +43,7 @@ from sciformer.data.hsi.readers import (
     read_valid_mask,
 )
 from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec
-from sciformer.data.predicting import start_prediction, state_value
+from sciformer.data.predicting import check_class_names, start_prediction, state_value
 from sciformer.errors import DataError
 from sciformer.frontend import option
 from sciformer.utils.progress import progress
@@ -213,6 +213,9 @@ def predict_hsi_file(
     suffix = output_path.suffix.lower()
     norm = Normalizer.from_state(state_value(state, "normaliser", "hsi_scene"))
     class_names = [str(n) for n in state_value(state, "class_names", "hsi_scene")]
+    if cfg.class_names is not None:  # the checkpoint's names, or names for its unnamed classes (as evaluate takes them)
+        check_class_names(class_names, cfg.class_names, "data.class_names")
+        class_names = list(cfg.class_names)
     patch_size = int(state_value(state, "patch_size", "hsi_scene"))
     padding = str(state.get("padding", cfg.padding))
     trained = TrainedBands.from_state(state)

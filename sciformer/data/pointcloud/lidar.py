@@ -79,7 +79,7 @@ from sciformer.data.pointcloud.scenes import (
     SceneSource,
 )
 from sciformer.data.pointcloud.split_files import check_disjoint_splits, scene_names
-from sciformer.data.predicting import start_prediction, state_value
+from sciformer.data.predicting import start_prediction, state_value, table_as_given
 from sciformer.data.transforms import (
     Compose,
     Sample,
@@ -280,8 +280,9 @@ def predict_las_file(
 ) -> Path:
     """Classify every point of a tile (.las/.laz or another point file) with a trained model.
 
-    Uses the checkpoint's class table, features, intensity scale and grid size (never
-    the new file's own). Output by suffix (:mod:`sciformer.data.pointcloud.export`):
+    Uses the checkpoint's class table (the codes of a ``data.classes`` override of the same
+    classes: :func:`~sciformer.data.predicting.table_as_given`), features, intensity scale
+    and grid size (never the new file's own). Output by suffix (:mod:`sciformer.data.pointcloud.export`):
     ``.las``/``.laz`` (the input tile with predicted ASPRS codes in ``classification``,
     the original classes and a confidence as extra dimensions), ``.ply``, ``.npz`` or
     ``.npy``. ``options`` sets the chunk overlap, the test-time views and whether class
@@ -289,7 +290,8 @@ def predict_las_file(
     """
     options, input_path, output_path = start_prediction(
         "las_tiles", options, input_path, output_path, POINT_OUTPUTS, refuse=("votes", "category", "labels"))
-    classes = state_value(state, "classes", "las_tiles")
+    unmapped = state_value(state, "unmapped", "las_tiles")
+    classes = table_as_given(state_value(state, "classes", "las_tiles"), cfg.classes, unmapped, cfg.unmapped)  # an override's codes
     features = list(state_value(state, "features", "las_tiles"))
     data = read_cloud(input_path, options.columns)
     require_features(input_path, data, features)
@@ -303,7 +305,7 @@ def predict_las_file(
         arrays["geometric"] = features_as_recorded(data["coord"], state_value(state, "geometric", "las_tiles"))
     intensity = arrays.get("intensity")
     scale = state.get("intensity_scale") or max(1.0 if intensity is None else intensity_p99(data["coord"], intensity), 1.0)
-    sample = tile_sample(arrays, code_table(classes, state_value(state, "unmapped", "las_tiles")), scale)
+    sample = tile_sample(arrays, code_table(classes, cfg.unmapped), scale)
     prediction = predict_cloud(
         predict, sample, class_names=list(classes),
         features=features, grid_size=state.get("grid_size"), max_points=cfg.eval_max_points, part_z="min",

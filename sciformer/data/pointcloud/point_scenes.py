@@ -61,7 +61,7 @@ from sciformer.data.pointcloud.scenes import (
     SceneSource,
 )
 from sciformer.data.pointcloud.split_files import check_disjoint_splits, scene_names
-from sciformer.data.predicting import start_prediction, state_value
+from sciformer.data.predicting import start_prediction, state_value, table_as_given
 from sciformer.data.transforms import (
     Compose,
     Sample,
@@ -282,7 +282,9 @@ def predict_point_scenes_file(
     *,
     options: PredictOptions | None = None,
 ) -> Path:
-    """Segment every point of a new file with the checkpoint's classes, features, grid and columns.
+    """Segment every point of a new file with the checkpoint's classes (the label values of a
+    ``data.classes`` override of the same classes: :func:`~sciformer.data.predicting.table_as_given`),
+    features, grid and columns.
 
     Output by suffix (:mod:`sciformer.data.pointcloud.export`): ``.npy``, ``.npz``, ``.ply``
     (class names in the header) or ``.las``/``.laz`` for a LAS input (classes written as
@@ -292,7 +294,7 @@ def predict_point_scenes_file(
     """
     options, input_path, output_path = start_prediction(
         "point_scenes", options, input_path, output_path, POINT_OUTPUTS, refuse=("votes", "category", "labels"))
-    table = {str(k): [int(v) for v in vs] for k, vs in state_value(state, "classes", "point_scenes").items()}
+    table = table_as_given(state_value(state, "classes", "point_scenes"), class_table(cfg.classes), state.get("unmapped"), cfg.unmapped)
     features = list(state_value(state, "features", "point_scenes"))
     data = read_cloud(input_path, options.columns or state.get("columns"))
     require_features(input_path, data, features)
@@ -306,7 +308,7 @@ def predict_point_scenes_file(
     if truth is not None and truth.is_file():
         raw = sibling_labels(input_path, (str(label_files[0]), str(label_files[1])))  # the truth, for the output's label field
     if raw is not None and len(raw) == len(sample["coord"]):
-        sample["label"] = map_labels(raw, table, str(state.get("unmapped", "ignore")))
+        sample["label"] = map_labels(raw, table, cfg.unmapped)
     prediction = predict_cloud(
         predict, sample, class_names=list(table), features=features, grid_size=state.get("grid_size"),
         max_points=cfg.eval_max_points, part_z="min",
