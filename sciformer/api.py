@@ -150,7 +150,7 @@ class Predictor:
         any band set; see :mod:`sciformer.data.hsi.bandmatch` for the rules. ``options``:
         those of ``sciformer predict`` (:class:`sciformer.contracts.PredictOptions`:
         ``overlap``, ``rotations``, ``flip``, ``votes``, ``category``, ``columns``,
-        ``labels``, ``allow_band_mismatch``). It runs on the trained run's ``train.threads``
+        ``labels``, ``allow_band_mismatch``, ``match_frame``). It runs on the trained run's ``train.threads``
         and gives the caller's torch thread count and random generator states back after.
         """
         import torch

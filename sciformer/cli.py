@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--labels", metavar="MAP", help="hyperspectral: a ground-truth label map for the figure and metrics")
     predict.add_argument("--wavelengths", metavar="NM", help="hyperspectral: the input's band centres in nm: 'a,b,...' or a .hdr/.npy/text file")
     predict.add_argument("--allow-band-mismatch", action="store_true", help="hyperspectral: run a band-index model on other band centres (a loud warning)")
+    predict.add_argument("--match-frame", action="store_true",
+                         help="part segmentation: centre the shape and scale it to the training shapes' radius (other units or frame)")
     _add_overrides(predict)
 
     sub.add_parser("info", help="versions, devices, optional backends, registered models and datasets")
@@ -165,7 +167,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         check_batch_size(args.batch_size, "--batch-size")
     options = PredictOptions(overlap=args.overlap, rotations=args.tta_rotations, flip=args.tta_flip, votes=args.votes,
                              probabilities=args.probabilities, columns=args.columns, category=args.category, labels=args.labels,
-                             wavelengths=args.wavelengths, allow_band_mismatch=args.allow_band_mismatch)
+                             wavelengths=args.wavelengths, allow_band_mismatch=args.allow_band_mismatch,
+                             match_frame=args.match_frame)
     inputs = expand_inputs(args.input)
     many = len(args.input) > 1 or any(Path(spec).expanduser().is_dir() or not Path(spec).expanduser().exists() for spec in args.input)
     # Every output path is checked against every format any dataset writes before anything loads ...

@@ -125,15 +125,16 @@ class PredictOptions:
     # hyperspectral: the input's band centres in nm (a list, or a .hdr/.npy/text file or 'a,b,...'; --wavelengths)
     wavelengths: Any = None
     allow_band_mismatch: bool = False  # hyperspectral: run an index-position model on other band centres (--allow-band-mismatch)
+    match_frame: bool = False  # part segmentation: centre and scale the shape into the training shapes' frame (--match-frame)
 
     FLAGS = {"overlap": "--overlap", "rotations": "--tta-rotations", "flip": "--tta-flip", "votes": "--votes",  # noqa: RUF012
              "probabilities": "--probabilities", "columns": "--columns", "category": "--category", "labels": "--labels",
-             "wavelengths": "--wavelengths", "allow_band_mismatch": "--allow-band-mismatch"}
+             "wavelengths": "--wavelengths", "allow_band_mismatch": "--allow-band-mismatch", "match_frame": "--match-frame"}
     # Options only the predictors that name them in ``start_prediction(accept=...)`` take; the others refuse them.
-    OPT_IN = ("wavelengths", "allow_band_mismatch")
+    OPT_IN = ("wavelengths", "allow_band_mismatch", "match_frame")
 
     def __post_init__(self) -> None:
-        for name in ("overlap", "rotations", "votes", "flip", "probabilities", "allow_band_mismatch"):
+        for name in ("overlap", "rotations", "votes", "flip", "probabilities", "allow_band_mismatch", "match_frame"):
             object.__setattr__(self, name, plain_scalar(getattr(self, name)))  # numpy's / torch's: Python's
         if self.wavelengths is not None and not isinstance(self.wavelengths, (str, os.PathLike)):
             given = self.wavelengths
@@ -147,7 +148,7 @@ class PredictOptions:
             flat = arr.reshape(-1)  # (B,)
             rows = flat if flat.size in (*arr.shape, 1) else arr.reshape(arr.shape[0], -1)  # (B,) or (R, C)
             object.__setattr__(self, "wavelengths", tuple(tuple(float(v) for v in r) if r.ndim else float(r) for r in rows))
-        for name in ("flip", "probabilities", "allow_band_mismatch"):  # from Python too: "no" is not False
+        for name in ("flip", "probabilities", "allow_band_mismatch", "match_frame"):  # from Python too: "no" is not False
             if not isinstance(getattr(self, name), bool):
                 raise SciformerError(f"{option(self.FLAGS[name])}: expected true or false, got {getattr(self, name)!r}")
         for name in ("columns", "category", "labels"):

@@ -30,7 +30,7 @@ KEYWORDS = {  # command-line flag -> keyword of the Python API
     "--epochs": "epochs", "--mask-ratio": "mask_ratio", "--band-group": "band_group", "--pixel-ratio": "pixel_ratio",
     "--pixels": "pixels", "--overlap": "overlap", "--tta-rotations": "rotations", "--tta-flip": "flip", "--votes": "votes",
     "--columns": "columns", "--category": "category", "--labels": "labels", "--wavelengths": "wavelengths",
-    "--allow-band-mismatch": "allow_band_mismatch", "--batch-size": "batch_size", "--device": "device",
+    "--allow-band-mismatch": "allow_band_mismatch", "--match-frame": "match_frame", "--batch-size": "batch_size", "--device": "device",
 }
 
 

@@ -79,7 +79,7 @@ def _resolved_data(state: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-_RECORDED_LATER = ("trained_classes",)  # data_state records that older checkpoints of the same data lack
+_RECORDED_LATER = ("trained_classes", "shape_frame")  # data_state records that older checkpoints of the same data lack
 
 
 def _with_later_records(data_state: dict[str, Any], states: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -163,3 +163,17 @@ def test_the_ensemble_takes_a_later_record_from_any_member() -> None:
     assert _with_later_records(old["data_state"], [old, new]) == new["data_state"]
     assert _with_later_records(new["data_state"], [new, old]) == new["data_state"]
     assert _with_later_records(old["data_state"], [old, old]) == old["data_state"]
+
+
+def test_a_member_saved_before_the_shape_frame_record_joins_one_saved_after(tmp_path: Path) -> None:
+    """``data_state.shape_frame`` (ShapeNetPart) is recorded by newer checkpoints only, as trained_classes."""
+    from sciformer.engine.ensemble import _with_later_records, check_members
+
+    paths = [tmp_path / "old.pt", tmp_path / "new.pt"]
+    for p in paths:
+        p.write_bytes(b"")
+    old = {"config": {"data": {"name": "shapenetpart"}}, "data_state": {"features": ["coord"]}, "data_info": {"num_classes": 50}}
+    frame = {"Bag": {"shapes": 2, "centre": [0.0, 0.0, 0.0], "offset": 0.1, "radius": [0.9, 1.0, 1.1]}}
+    new = {**old, "data_state": {"features": ["coord"], "shape_frame": frame}}
+    check_members(paths, [old, new])
+    assert _with_later_records(old["data_state"], [old, new])["shape_frame"] == frame

@@ -137,14 +137,18 @@ class PointTask(TaskData):
         *,
         protocol: dict[str, Any] | None = None,
         state: dict[str, Any] | None = None,
+        late_state: dict[str, Callable[[], Any]] | None = None,
         vote_transform: Compose | None = None,
     ) -> None:
+        """``late_state``: state records worth computing only when a checkpoint is written (e.g. a
+        pass over the training files), each made once, on the first :meth:`state` call."""
         self.info = info
         self._vote_transform = vote_transform  # classification tasks only (one prediction per sample)
         self._factories = factories
         self._datasets: dict[str, Dataset] = {}
         self._protocol = dict(protocol or {})
         self._state = dict(state or {})
+        self._late_state = dict(late_state or {})
 
     def dataset(self, split: str) -> Dataset:
         if split not in SPLITS:
@@ -177,5 +181,8 @@ class PointTask(TaskData):
         return facts
 
     def state(self) -> dict[str, Any]:
+        for key, make in list(self._late_state.items()):
+            self._state[key] = make()
+            del self._late_state[key]
         return {"class_names": list(self.info.class_names), "in_channels": self.info.in_channels, **self._state}
 

@@ -28,6 +28,7 @@ from sciformer.data.pointcloud.predict_file import (
     valid_points,
 )
 from sciformer.data.pointcloud.sample import assemble_features, collate_points
+from sciformer.data.pointcloud.shape_input import place_in_frame
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import Sample, build_transforms, index_points
 from sciformer.errors import DataError
@@ -116,12 +117,16 @@ def predict_shapenetpart_file(
     text as released, or PLY / PCD / NPY with normals when the model uses them).
 
     The category comes from ``options.category`` or the synset folder the file lies in;
-    predictions are restricted to its parts (the standard protocol). Output by suffix:
+    predictions are restricted to its parts (the standard protocol). The model sees the
+    coordinates as training did (not centred or scaled): a shape whose centre or radius lies
+    far outside its category's training frame (``state['shape_frame']``) is a warning, or
+    with ``options.match_frame`` is centred and scaled into it
+    (:mod:`sciformer.data.pointcloud.shape_input`). Output by suffix:
     ``.npy`` (n,) global part ids (-1 = no data), ``.npz`` or ``.ply`` (part names in the header).
     """
     options, input_path, output_path = start_prediction(
         "shapenetpart", options, input_path, output_path, PART_OUTPUTS,
-        refuse=("overlap", "rotations", "flip", "votes", "labels"))
+        refuse=("overlap", "rotations", "flip", "votes", "labels"), accept=("match_frame",))
     features = list(state_value(state, "features", "shapenetpart"))
     names = [str(n) for n in state_value(state, "category_names", "shapenetpart")]
     parts = {str(k): [int(p) for p in v] for k, v in state_value(state, "category_parts", "shapenetpart").items()}
@@ -137,7 +142,11 @@ def predict_shapenetpart_file(
     rows = np.flatnonzero(valid)  # (m,)
     transform = build_transforms(cfg.eval_transforms, "data.eval_transforms")
     own = np.asarray(parts[names[cat]])
-    for cloud in _shape_and_outliers(sample["coord"][rows]):  # gross outliers apart: they move no other point
+    clouds = _shape_and_outliers(sample["coord"][rows])  # gross outliers apart: they move no other point
+    if clouds:  # the shape itself first
+        sample["coord"] = place_in_frame(state.get("shape_frame"), names[cat], sample["coord"], rows[clouds[0]],
+                                         str(input_path), match=options.match_frame)  # (n, 3)
+    for cloud in clouds:
         item = transform(index_points(sample, rows[cloud]), np.random.default_rng([0, 0]))
         batch = collate_points([{**assemble_features(item, features, str(input_path)), "category": np.int64(cat)}])
         with torch.no_grad():
@@ -149,7 +158,7 @@ def predict_shapenetpart_file(
         probs[rows[cloud]] = scores
     class_names = [f"{c.lower()}_{i}" for c, ps in parts.items() for i in range(len(ps))]
     prediction = PointPrediction(probs, valid, class_names)
-    out: Sample = {"coord": sample["coord"]}
+    out: Sample = {"coord": np.asarray(data["coord"], dtype=np.float64)}  # as given, even when placed in the frame
     if "label" in data:
         out["label"] = data["label"]
     return write_point_predictions(output_path, out, prediction, source=input_path, probabilities=options.probabilities)

@@ -11,7 +11,9 @@ normals as released with PointNet++; research use); see
                                           lines 'x y z nx ny nz part_label' (global part ids 0..49)
 
 The official train/val/test lists are used as they are. Training samples draw
-``num_points`` points at random; evaluation keeps every point. The object category
+``num_points`` points at random; evaluation keeps every point. Coordinates are used as
+they are (the release is centred and scaled per shape); the checkpoint records each
+category's training frame (``shape_frame``), which ``predict`` checks new shapes against. The object category
 travels with each sample (``category`` () int64 -> batch ``category`` (B,)); the
 task declares each category's parts (``DataInfo.category_parts``), so the engine's
 evaluation predicts only among the category's parts and scores instance mIoU (mean
@@ -45,6 +47,7 @@ from sciformer.data.pointcloud.sample import (
     check_features,
     feature_channels,
 )
+from sciformer.data.pointcloud.shape_input import frame_record
 from sciformer.data.pointcloud.split_files import check_disjoint_splits
 from sciformer.data.transforms import (
     Compose,
@@ -234,4 +237,18 @@ def build_shapenetpart(cfg: ShapeNetPartConfig, ctx: BuildContext) -> PointTask:
         "category_names": list(CATEGORY_NAMES),
         "category_parts": {k: list(v) for k, v in CATEGORY_PARTS.items()},
     }
-    return PointTask(info, {s: make(s) for s in ("train", "val", "test")}, protocol=protocol, state=state)
+    return PointTask(info, {s: make(s) for s in ("train", "val", "test")}, protocol=protocol, state=state,
+                     late_state={"shape_frame": lambda: training_frame(splits["train"])})
+
+
+def training_frame(files: list[tuple[Path, int]]) -> dict[str, dict[str, Any]]:
+    """Each category's frame of the training shapes (:func:`~sciformer.data.pointcloud.shape_input.frame_record`:
+    centre, spread and radii, every point of every shape), which ``predict`` checks a new shape against.
+    One pass over the training files, made when the first checkpoint is written."""
+    def shapes() -> Any:
+        for path, cat in files:
+            if not path.is_file():
+                raise DataError(f"{path}: missing shape file listed in the split")
+            yield CATEGORY_NAMES[cat], parse_text_table(path, 7)[0][:, :3]  # (n, 3)
+
+    return frame_record(shapes())
