@@ -28,7 +28,7 @@ from sciformer.data.pointcloud.predict_file import (
     valid_points,
 )
 from sciformer.data.pointcloud.sample import assemble_features, collate_points
-from sciformer.data.pointcloud.shape_input import place_in_frame
+from sciformer.data.pointcloud.shape_input import check_degenerate, place_in_frame
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import Sample, build_transforms, index_points
 from sciformer.errors import DataError
@@ -120,7 +120,8 @@ def predict_shapenetpart_file(
     predictions are restricted to its parts (the standard protocol). The model sees the
     coordinates as training did (not centred or scaled): a shape whose centre or radius lies
     far outside its category's training frame (``state['shape_frame']``) is a warning, or
-    with ``options.match_frame`` is centred and scaled into it
+    with ``options.match_frame`` is centred and scaled into it; a shape whose points all
+    coincide is refused, one with few distinct points a warning
     (:mod:`sciformer.data.pointcloud.shape_input`). Output by suffix:
     ``.npy`` (n,) global part ids (-1 = no data), ``.npz`` or ``.ply`` (part names in the header).
     """
@@ -144,6 +145,7 @@ def predict_shapenetpart_file(
     own = np.asarray(parts[names[cat]])
     clouds = _shape_and_outliers(sample["coord"][rows])  # gross outliers apart: they move no other point
     if clouds:  # the shape itself first
+        check_degenerate(sample["coord"][rows[clouds[0]]], cfg.num_points, str(input_path))
         sample["coord"] = place_in_frame(state.get("shape_frame"), names[cat], sample["coord"], rows[clouds[0]],
                                          str(input_path), match=options.match_frame)  # (n, 3)
     for cloud in clouds:

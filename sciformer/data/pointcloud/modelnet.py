@@ -73,6 +73,7 @@ from sciformer.data.pointcloud.sample import (
     collate_points,
     feature_channels,
 )
+from sciformer.data.pointcloud.shape_input import check_degenerate
 from sciformer.data.predicting import start_prediction, state_value
 from sciformer.data.transforms import (
     Compose,
@@ -197,7 +198,9 @@ def predict_modelnet_file(
     """Classify one shape file (.off/.ply mesh: surface-sampled; point files: a seeded random
     subset of ``num_points`` points, the same whatever order the file lists them in).
 
-    The shape is brought to the unit sphere as in training. ``options.votes > 1``
+    The shape is brought to the unit sphere as in training; one whose points all coincide is
+    refused, one with few distinct points predicted with a warning
+    (:func:`~sciformer.data.pointcloud.shape_input.check_degenerate`). ``options.votes > 1``
     averages the probabilities of that many copies drawn through the vote transforms
     (seeded, so repeatable). Output by suffix: ``.json`` (class name, index and
     per-class probabilities) or ``.npy`` (probabilities (num_classes,) float32).
@@ -217,6 +220,8 @@ def predict_modelnet_file(
         sample = shape_points({k: v for k, v in data.items() if k in ("coord", "normal")}, num_points)
     if "normal" in features and "normal" not in sample:
         raise DataError(f"{input_path}: the model uses normals but the file has none")
+    # all at one location: refused; few distinct points: a warning (a mesh: its surface samples, not its vertices)
+    check_degenerate(sample["coord"] if "faces" in data and len(data["faces"]) else data["coord"], num_points, str(input_path))
     sample = NormalizeScale()(sample)
     if options.votes == 1:
         transform = build_transforms(cfg.eval_transforms, "data.eval_transforms")

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from sciformer.data.pointcloud.shape_input import (
+    FEW_POINTS,
+    check_degenerate,
     frame_record,
     place_in_frame,
     shape_extent,
@@ -102,3 +104,28 @@ def test_a_checkpoint_without_the_record_is_a_note_and_match_frame_is_refused(on
     with python_api(), pytest.raises(DataError) as err:
         _place(shape, match=True, record=None)
     one_line_error(err, "match_frame= needs")
+
+
+def test_points_at_one_location_are_refused(one_line_error) -> None:
+    with pytest.raises(DataError) as err:
+        check_degenerate(np.tile([[0.5, 1.0, -2.0]], (1024, 1)), 1024, "one.txt")
+    one_line_error(err, "one.txt", "all 1024 points lie at one location (0.5, 1, -2)")
+    with pytest.raises(DataError):  # NaN rows do not make a shape
+        check_degenerate(np.vstack([np.tile([[1.0, 1.0, 1.0]], (5, 1)), [[np.nan] * 3]]), 1024, "one.txt")
+
+
+@pytest.mark.parametrize(("distinct", "num_points", "warned"), [
+    (10, 1024, True), (FEW_POINTS - 1, 1024, True), (FEW_POINTS, 1024, False), (40, 48, True), (48, 48, False),
+])
+def test_few_distinct_points_are_a_warning_naming_the_trained_num_points(distinct: int, num_points: int, warned: bool) -> None:
+    rng = np.random.default_rng(1)
+    coord = rng.normal(size=(distinct, 3))[np.arange(1024) % distinct]  # (1024, 3): `distinct` points repeated
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_degenerate(coord, num_points, "few.txt")
+    said = [str(w.message) for w in caught]
+    if not warned:
+        assert said == []
+        return
+    assert len(said) == 1 and "\n" not in said[0]
+    assert f"only {distinct} distinct points" in said[0] and f"num_points={num_points}" in said[0] and "few.txt" in said[0]

@@ -252,6 +252,17 @@ def test_a_checkpoint_without_the_frame_record_still_predicts(root: Path, ctx: B
     one_line_error(err, "--match-frame needs the Bag training shapes' frame")
 
 
+def test_degenerate_shapes_are_refused_or_a_warning(root: Path, ctx: BuildContext, tmp_path: Path, one_line_error) -> None:
+    cfg = ShapeNetPartConfig(root=str(root), features=["coord"], num_points=64)
+    state = build_shapenetpart(cfg, ctx).state()
+    with pytest.raises(DataError) as err:
+        _seen_coords(cfg, state, _save(tmp_path / "one.xyz", np.tile([[0.1, 0.2, 0.3]], (500, 1))), tmp_path / "a.npy")
+    one_line_error(err, "one.xyz", "all 500 points lie at one location")
+    few = np.random.default_rng(3).normal(size=(20, 3))
+    _, pred, said = _seen_coords(cfg, state, _save(tmp_path / "few.xyz", few), tmp_path / "b.npy")
+    assert pred.shape == (20,) and len(said) == 1 and "only 20 distinct points" in said[0] and "num_points=64" in said[0]
+
+
 def _save(path: Path, xyz: np.ndarray) -> Path:
     np.savetxt(path, xyz, fmt="%.9f")
     return path
