@@ -101,9 +101,10 @@ def test_wavelength_model_predicts_real_crops_of_other_sensors(runs: dict[str, P
     assert f"{wl.size} bands, " in err and "placed by wavelength in a model trained on 200 bands" in err
     unseen = unseen_by_hand(np.load(runs["root"] / "wl.npy"), wl)
     assert int(unseen.sum()) == left_out and f"note: {left_out} of {wl.size} bands" in err and "left out" in err
-    np.save(tmp_path / "cut.npy", cube[:, :, ~unseen])
+    cut = {"cube": cube[:, :, ~unseen]} | ({"mask_sub": raw["mask_sub"]} if "mask_sub" in raw else {})
+    np.savez(tmp_path / "cut.npz", **cut)  # the valid-pixel mask travels with the cut cube
     np.savetxt(tmp_path / "cut_nm.txt", wl[~unseen])
-    assert predict(runs["wavelength"], tmp_path / "cut.npy", tmp_path / "cut_map.npy", "--wavelengths",
+    assert predict(runs["wavelength"], tmp_path / "cut.npz", tmp_path / "cut_map.npy", "--wavelengths",
                    str(tmp_path / "cut_nm.txt")) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "cut_map.npy"), label_map)
     assert "left out" not in capsys.readouterr().err
