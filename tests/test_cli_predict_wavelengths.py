@@ -294,13 +294,18 @@ def bad_band_file(path: Path, cube: np.ndarray, wl: np.ndarray, bad: np.ndarray,
     return path
 
 
-def test_bad_bands_are_left_out_for_a_wavelength_model(runs: dict[str, Path], tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """ENVI bbl = 0, or NaN on every pixel: the oracle is the prediction of the cube with those bands cut out by hand."""
-    root = runs["root"]
+def crop_with_bad_bands(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A 24 x 24 Indian Pines crop, its band centres and a mask of two bad bands (file bands 104, 105)."""
     cube, wl = np.load(root / "full.npy")[40:64, 40:64], np.load(root / "wl.npy")
     bad = np.zeros(wl.size, dtype=bool)
     bad[[103, 104]] = True
+    return cube, wl, bad
+
+
+def test_bad_bands_are_left_out_for_a_wavelength_model(runs: dict[str, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """ENVI bbl = 0, or NaN on every pixel: the oracle is the prediction of the cube with those bands cut out by hand."""
+    cube, wl, bad = crop_with_bad_bands(runs["root"])
     np.save(tmp_path / "cut.npy", cube[:, :, ~bad])
     np.save(tmp_path / "cut_nm.npy", wl[~bad])
     assert predict(runs["wavelength"], tmp_path / "cut.npy", tmp_path / "cut_map.npy", "--wavelengths",
@@ -324,10 +329,7 @@ def test_bad_bands_are_left_out_for_a_wavelength_model(runs: dict[str, Path], tm
 
 def test_bad_bands_stay_for_an_index_model_and_no_data_is_named(runs: dict[str, Path], tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    root = runs["root"]
-    cube, wl = np.load(root / "full.npy")[40:64, 40:64], np.load(root / "wl.npy")
-    bad = np.zeros(wl.size, dtype=bool)
-    bad[[103, 104]] = True
+    cube, wl, bad = crop_with_bad_bands(runs["root"])
     hdr = bad_band_file(tmp_path / "nan.hdr", cube, wl, bad, np.nan, True)
     assert predict(runs["index"], hdr, tmp_path / "m.npy") == 0
     assert not np.load(tmp_path / "m.npy").any()  # every pixel has a NaN band: no-data, unclassified

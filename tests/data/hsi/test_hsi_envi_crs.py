@@ -11,16 +11,9 @@ import pytest
 from sciformer.data.hsi.envi_crs import crs_of_map_info, envi_units
 from sciformer.data.hsi.georef import georef_from_envi_header, writable_georef
 from sciformer.data.hsi.geotiff import write_geotiff_map
+from tests.data.hsi.test_hsi_georef import _envi
 
 rasterio = pytest.importorskip("rasterio")
-
-
-def _envi(path: Path, map_info: list[str], h: int = 4, w: int = 5) -> Path:
-    np.zeros((h, w), np.uint8).tofile(path.with_suffix(".img"))
-    path.with_suffix(".hdr").write_text(
-        f"ENVI\nsamples = {w}\nlines = {h}\nbands = 1\nheader offset = 0\nfile type = ENVI Standard\n"
-        f"data type = 1\ninterleave = bsq\nbyte order = 0\nmap info = {{{', '.join(map_info)}}}\n")
-    return path.with_suffix(".hdr")
 
 
 UTM16 = ["UTM", "1", "1", "500000.0", "4500000.0", "20.0", "20.0", "16", "North"]
