@@ -350,16 +350,17 @@ def read_scene(
     )
 
 
-_VALID_WORDS = frozenset({"mask", "masks", "valid", "validity", "roi"})  # a mask that marks the pixels to keep (1)
-_NOT_VALID_WORDS = frozenset({"nodata", "invalid", "bad", "missing", "cloud", "clouds", "shadow", "shadows"})  # ... or to drop
+# Names that say "the pixels to keep (1)" and nothing else: a name merely holding 'mask' may mark
+# training pixels (train_mask), a class (water_mask) or, from numpy's masked arrays, invalid pixels.
+_VALID_NAMES = frozenset({"mask_sub", "valid", "valid_mask", "validmask", "valid_pixels", "valid_area", "roi", "roi_mask"})
 
 
 def read_valid_mask(path: str | os.PathLike[str], shape: tuple[int, int], exclude: str | None = None) -> tuple[np.ndarray | None, str | None]:
     """The valid-pixel mask a cube file carries beside the cube, and a note for the user (or None).
 
-    A 2-D array of the cube's height and width named like a mask of pixels to keep (``mask``,
-    ``valid``, ``roi``; never one named ``nodata``, ``invalid``, ``cloud`` ...) holding only 0 and
-    1 (bool or numbers): (H, W) bool, True where valid, with a note naming it and what it leaves out.
+    A 2-D array of the cube's height and width named as a mask of pixels to keep (one of
+    :data:`_VALID_NAMES`, any case: ``valid``, ``valid_mask``, ``roi``, MUUFL's ``mask_sub``)
+    holding only 0 and 1 (bool or numbers): (H, W) bool, True where valid, with a note naming it and what it leaves out.
     None (with a note saying why) when several such arrays are found or the mask would leave no
     pixel; None without a note when there is none or it leaves every pixel valid.
 
@@ -368,7 +369,7 @@ def read_valid_mask(path: str | os.PathLike[str], shape: tuple[int, int], exclud
     """
     c = open_container(path)
     keys = [k for k, v in c.arrays.items() if k != exclude and v.shape == tuple(shape) and v.kind in "uibf"
-            and _words(k) & _VALID_WORDS and not _words(k) & _NOT_VALID_WORDS]
+            and k.lower() in _VALID_NAMES]
     masks = {}
     for key in keys:
         arr = c.load(key)

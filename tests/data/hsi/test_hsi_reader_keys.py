@@ -85,9 +85,18 @@ def test_a_valid_pixel_mask_is_found_by_name_and_values(tmp_path) -> None:
     assert "'mask_sub' marks 3 of 42 pixels" in note
 
 
-@pytest.mark.parametrize(("extra", "words"), [({"mask": np.ones((6, 7)), "valid": np.eye(6, 7)}, "several valid-pixel masks (mask, valid)"),
+@pytest.mark.parametrize(("extra", "words"), [({"roi": np.ones((6, 7)), "valid": np.eye(6, 7)}, "several valid-pixel masks (roi, valid)"),
                                               ({"valid_mask": np.zeros((6, 7), np.uint8)}, "marks no pixel as valid"),
-                                              ({"mask": np.ones((6, 7), bool)}, None), ({"mask": np.ones((5, 7), bool)}, None)])
+                                              ({"valid": np.ones((6, 7), bool)}, None), ({"valid": np.ones((5, 7), bool)}, None)])
 def test_no_mask_is_applied_where_it_is_not_one_that_leaves_pixels(tmp_path, extra: dict, words: str | None) -> None:
     mask, note = read_valid_mask(_scene(tmp_path, **extra), (6, 7))
     assert mask is None and (note is None if words is None else words in note)
+
+
+@pytest.mark.parametrize("name", ["mask", "train_mask", "test_mask", "water_mask", "gt_mask", "label_mask", "class_mask"])
+def test_a_0_1_array_merely_named_mask_is_not_a_valid_pixel_mask(tmp_path, name: str) -> None:
+    """Training pixels, a class's pixels, or numpy's masked-array mask (True = invalid) are no
+    pixels to keep: predict blanked 1,497 of 1,600 pixels of a crop beside a train_mask."""
+    keep = np.ones((6, 7), np.uint8)
+    keep[0, :3] = 0
+    assert read_valid_mask(_scene(tmp_path, **{name: keep}), (6, 7)) == (None, None)
