@@ -282,11 +282,12 @@ def test_pca_model_checks_band_centres_as_an_index_model_does(runs: dict[str, Pa
     assert "band centres differ from the model's" in one_error_line(capsys)
 
 
-def bad_band_file(path: Path, cube: np.ndarray, wl: np.ndarray, bad: np.ndarray, fill: float, bbl: bool) -> Path:
+def bad_band_file(path: Path, cube: np.ndarray, wl: np.ndarray, bad: np.ndarray, fill: float | None, bbl: bool) -> Path:
     from spectral.io import envi
 
     cube = cube.astype(np.float32)
-    cube[:, :, bad] = fill
+    if fill is not None:
+        cube[:, :, bad] = fill
     meta = {"wavelength": [repr(float(v)) for v in wl], "wavelength units": "Nanometers"}
     if bbl:
         meta["bbl"] = ["0" if b else "1" for b in bad]
@@ -304,27 +305,60 @@ def crop_with_bad_bands(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def test_bad_bands_are_left_out_for_a_wavelength_model(runs: dict[str, Path], tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    """ENVI bbl = 0, or NaN on every pixel: the oracle is the prediction of the cube with those bands cut out by hand."""
+    """ENVI bbl = 0 on another band set than the trained one, or NaN on every pixel: the oracle is the
+    prediction of the cube with those bands cut out by hand."""
     cube, wl, bad = crop_with_bad_bands(runs["root"])
-    np.save(tmp_path / "cut.npy", cube[:, :, ~bad])
-    np.save(tmp_path / "cut_nm.npy", wl[~bad])
-    assert predict(runs["wavelength"], tmp_path / "cut.npy", tmp_path / "cut_map.npy", "--wavelengths",
-                   str(tmp_path / "cut_nm.npy")) == 0
-    oracle = np.load(tmp_path / "cut_map.npy")
-    assert oracle.min() >= 1
+    half, half_wl, half_bad = cube[:, :, ::2], wl[::2], bad[::2] | (np.arange(100) == 30)  # another band set: 2 bad
     capsys.readouterr()
-    for name, fill, bbl, why in (("listed", 0.0, True, "ENVI bbl = 0: band(s) 104, 105 of the file"),
-                                 ("nan_listed", np.nan, True, "ENVI bbl = 0: band(s) 104, 105 of the file"),
-                                 ("nan", np.nan, False, "NaN/Inf on every pixel: band(s) 104, 105 of the file")):
-        hdr = bad_band_file(tmp_path / f"{name}.hdr", cube, wl, bad, fill, bbl)
+    for name, c, w, b, fill, bbl, why in (
+            ("listed", half, half_wl, half_bad, 0.0, True, "ENVI bbl = 0: band(s) 31, 53 of the file"),
+            ("nan_listed", half, half_wl, half_bad, np.nan, True, "ENVI bbl = 0: band(s) 31, 53 of the file"),
+            ("nan", cube, wl, bad, np.nan, False, "NaN/Inf on every pixel: band(s) 104, 105 of the file")):
+        np.save(tmp_path / f"{name}_cut.npy", c[:, :, ~b])
+        np.save(tmp_path / f"{name}_cut_nm.npy", w[~b])
+        assert predict(runs["wavelength"], tmp_path / f"{name}_cut.npy", tmp_path / f"{name}_oracle.npy", "--wavelengths",
+                       str(tmp_path / f"{name}_cut_nm.npy")) == 0
+        oracle = np.load(tmp_path / f"{name}_oracle.npy")
+        assert oracle.min() >= 1
+        capsys.readouterr()
+        hdr = bad_band_file(tmp_path / f"{name}.hdr", c, w, b, fill, bbl)
         assert predict(runs["wavelength"], hdr, tmp_path / f"{name}.npy") == 0
         np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), oracle)
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "2 bad band(s) left out: " + why in err
+        assert "2 bad band(s) left out: " + why in err
     holed = cube.astype(np.float32)
     holed[:, :, bad] = np.nan
     pred = sciformer.load(runs["wavelength"], device="cpu").predict(holed, wavelengths=wl)  # the API alike
-    np.testing.assert_array_equal(pred.labels + 1, oracle)
+    np.testing.assert_array_equal(pred.label_ids, oracle)
+
+
+def test_bbl_on_the_trained_band_set_keeps_the_bands_the_model_trained_on(runs: dict[str, Path], tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A training file's header may list bad bands training used all the same: on the trained band set
+    they stay (its own scene gave another map than the run's on 492 pixels), with a note."""
+    cube, wl, bad = crop_with_bad_bands(runs["root"])
+    np.save(tmp_path / "plain.npy", cube)
+    np.save(tmp_path / "plain_nm.npy", wl)
+    assert predict(runs["wavelength"], tmp_path / "plain.npy", tmp_path / "oracle.npy", "--wavelengths",
+                   str(tmp_path / "plain_nm.npy")) == 0
+    capsys.readouterr()
+    hdr = bad_band_file(tmp_path / "listed.hdr", cube, wl, bad, None, True)  # real values, marked bad
+    assert predict(runs["wavelength"], hdr, tmp_path / "m.npy") == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "m.npy"), np.load(tmp_path / "oracle.npy"))
+    assert "the ENVI bbl marks 2 band(s) bad; kept, the model was trained on this band set" in capsys.readouterr().err
+
+
+def test_bad_band_numbers_are_the_files_in_a_descending_file(runs: dict[str, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Bands stored in descending order are put in ascending order inside; notes number them as the file does."""
+    cube, wl, bad = crop_with_bad_bands(runs["root"])
+    half, half_wl = cube[:, :, ::2][:, :, ::-1], wl[::2][::-1]  # another band set, stored descending
+    marked = np.zeros(100, dtype=bool)
+    marked[[3, 4]] = True  # file bands 4, 5: the 4th and 5th longest centres
+    hdr = bad_band_file(tmp_path / "desc.hdr", half, half_wl, marked, 0.0, True)
+    capsys.readouterr()
+    assert predict(runs["wavelength"], hdr, tmp_path / "m.npy") == 0
+    assert "ENVI bbl = 0: band(s) 4, 5 of the file (1-based)" in capsys.readouterr().err
 
 
 def test_bad_bands_stay_for_an_index_model_and_no_data_is_named(runs: dict[str, Path], tmp_path: Path,

@@ -62,12 +62,13 @@ def refuse_labelled_nodata(mask: np.ndarray, labelled: np.ndarray, where: str, v
                         "set them to 0 (unlabelled) in the label map or fix the cube")
 
 
-def bad_bands(cube: np.ndarray, listed: np.ndarray | None) -> tuple[np.ndarray, str]:
+def bad_bands(cube: np.ndarray, listed: np.ndarray | None, file_band: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """(B,) bool: the bands an ENVI header's ``bbl`` marks bad (``listed``), or non-finite on every
-    pixel; and what they are, for a note (``''`` when none).
+    pixel; and what they are, for a note (``''`` when none), numbered as the file's bands
+    (``file_band``: the file's band of each of the cube's, when they were put in another order).
 
     Shapes:
-        cube: (H, W, B), listed: (B,) -> (B,)
+        cube: (H, W, B), listed: (B,), file_band: (B,) -> (B,)
     """
     b = cube.shape[-1]
     listed = np.zeros(b, dtype=bool) if listed is None else np.asarray(listed, dtype=bool)
@@ -76,34 +77,46 @@ def bad_bands(cube: np.ndarray, listed: np.ndarray | None) -> tuple[np.ndarray, 
         empty = np.ones(b, dtype=bool)
         for r in range(0, cube.shape[0], _ROWS):
             empty &= ~np.isfinite(cube[r : r + _ROWS]).any(axis=(0, 1))
-    parts = [f"{what}: band(s) {_numbers(np.nonzero(flag)[0])} of the file (1-based)" for what, flag in
+    parts = [f"{what}: band(s) {_numbers(np.nonzero(flag)[0], file_band)} of the file (1-based)" for what, flag in
              (("ENVI bbl = 0", listed), ("NaN/Inf on every pixel", empty & ~listed)) if flag.any()]
     return listed | empty, "; ".join(parts)
 
 
-def nodata_warning(cube: np.ndarray, mask: np.ndarray, where: str) -> str | None:
-    """One line when more than half the pixels are no-data, naming the bands non-finite on most of them
-    (None otherwise).
+def nodata_warning(cube: np.ndarray, mask: np.ndarray, where: str, file_band: np.ndarray | None = None) -> str | None:
+    """One line when more than half the pixels are no-data, naming the bands non-finite on most of the
+    other pixels (a bad band), or saying the pixels are NaN in every band (fill outside the image);
+    None otherwise. ``file_band`` numbers the bands as the file does (see :func:`bad_bands`).
 
     Shapes:
-        cube: (H, W, B), mask: (H, W) -> str | None
+        cube: (H, W, B), mask: (H, W), file_band: (B,) -> str | None
     """
     if not mask.size or mask.mean() <= 0.5:
         return None
     line = f"WARNING: {where}: {int(mask.sum())} of {mask.size} pixels are no-data and left unclassified"
     if cube.dtype.kind != "f":
         return line + " (the file's no-data value in every band)"
-    counts = np.zeros(cube.shape[-1], dtype=np.int64)  # (B,) non-finite pixels per band
+    counts = np.zeros(cube.shape[-1], dtype=np.int64)  # (B,) non-finite pixels per band, fill pixels aside
+    fill = 0  # pixels non-finite in every band
     for r in range(0, cube.shape[0], _ROWS):
-        counts += (~np.isfinite(cube[r : r + _ROWS])).sum(axis=(0, 1))
-    if not counts.any():
-        return line + " (the file's no-data value in every band)"
-    worst = np.nonzero(counts > 0.5 * mask.size)[0]
-    worst = worst if worst.size else np.array([int(counts.argmax())])
-    return line + f": NaN/Inf in band(s) {_numbers(worst)} (1-based); a bad band? mark it 0 in the header's bbl or drop it"
+        bad = ~np.isfinite(cube[r : r + _ROWS])  # (rows, W, B)
+        everywhere = bad.all(axis=-1)  # (rows, W)
+        fill += int(everywhere.sum())
+        counts += bad[~everywhere].sum(axis=0)
+    advice = "(1-based); a bad band? mark it 0 in the header's bbl or drop it"
+    worst = np.nonzero(counts > 0.5 * (mask.size - fill))[0]  # on most of the pixels the image covers
+    if worst.size:
+        return line + f": NaN/Inf in band(s) {_numbers(worst, file_band)} {advice}"
+    if fill:
+        return line + f" ({fill} of them NaN/Inf in every band: fill outside the image, not a bad band)"
+    if counts.any():
+        return line + f": NaN/Inf in band(s) {_numbers(np.array([int(counts.argmax())]), file_band)} {advice}"
+    return line + " (the file's no-data value in every band)"
 
 
-def _numbers(idx: np.ndarray) -> str:
-    """1-based band numbers of the 0-based ``idx``: ``'104, 105'`` (the first 8, then a count)."""
+def _numbers(idx: np.ndarray, file_band: np.ndarray | None = None) -> str:
+    """1-based band numbers of the 0-based ``idx``: ``'104, 105'`` (the first 8, then a count); the
+    file's band numbers where ``file_band`` (B,) gives the file's band of each index."""
+    if file_band is not None:
+        idx = np.sort(np.asarray(file_band)[idx])
     shown = ", ".join(str(int(i) + 1) for i in idx[:8])
     return shown + (f" and {idx.size - 8} more" if idx.size > 8 else "")

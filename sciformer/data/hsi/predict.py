@@ -42,7 +42,7 @@ from sciformer.data.hsi.readers import (
     read_scene,
     read_valid_mask,
 )
-from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec
+from sciformer.data.hsi.wavelengths import bands_ascending, read_wavelength_spec, same_wavelengths
 from sciformer.data.predicting import check_class_names, start_prediction, state_value
 from sciformer.errors import DataError
 from sciformer.frontend import option
@@ -115,7 +115,12 @@ def _leave_out_bands(scene: Scene, plan: BandPlan, trained: TrainedBands, norm: 
     is cut in place, ``plan.wavelengths`` too, and the normaliser returned is read at the bands fed.
     ``file_band``: the file's band of each of ``scene.cube``'s (:func:`arrange_bands`)."""
     listed = scene.meta.get("bad_bands")
-    bad, what = bad_bands(scene.cube, None if listed is None else np.asarray(listed)[file_band])  # (B,)
+    if listed is not None and np.any(listed) and trained.by_wavelength and trained.wavelengths is not None and plan.wavelengths is not None \
+            and same_wavelengths(np.sort(plan.wavelengths), np.sort(trained.wavelengths)):  # the trained band set: trained on them all
+        print(f"note: {where}: the ENVI bbl marks {int(np.asarray(listed, dtype=bool).sum())} band(s) bad; kept, the "
+              "model was trained on this band set with them", file=sys.stderr)
+        listed = None
+    bad, what = bad_bands(scene.cube, None if listed is None else np.asarray(listed)[file_band], file_band)  # (B,)
     keep = np.ones(scene.num_bands, dtype=bool) if plan.keep is None else plan.keep.copy()  # (B,)
     if bad.any() and not trained.by_wavelength:
         print(f"note: {where}: bad bands kept, the model places bands by index and takes all {trained.bands}: {what}",
@@ -228,7 +233,7 @@ def predict_hsi_file(
     if options.labels is not None:
         scene.gt = read_label_map(Path(options.labels), scene.cube.shape[:2], len(class_names), input_path)
     nodata = nodata_pixels(scene.cube, scene.meta.get("nodata"))  # (H, W): label 0, NaN probabilities
-    warning = nodata_warning(scene.cube, nodata, str(input_path))
+    warning = nodata_warning(scene.cube, nodata, str(input_path), file_band)
     if warning:
         print(warning, file=sys.stderr)
     if "valid" in scene.meta:

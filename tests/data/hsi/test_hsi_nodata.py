@@ -165,3 +165,18 @@ def test_bad_bands_and_the_no_data_warning() -> None:
     ints = np.zeros((2, 2, 3), dtype=np.int16)
     ints[0, 0] = 7
     assert nodata_warning(ints, nodata_pixels(ints, 0.0), "x").endswith("(the file's no-data value in every band)")
+
+
+def test_the_no_data_warning_tells_fill_outside_the_image_from_a_bad_band() -> None:
+    """A swath whose outside is NaN in every band is no bad band (the advice to mark each band bad in
+    bbl would have marked all of them); a band NaN where the others are finite still is, by file number."""
+    from sciformer.data.hsi.nodata import nodata_pixels, nodata_warning
+
+    cube = np.ones((10, 10, 6), dtype=np.float32)
+    cube[:, :7] = np.nan  # 70 % of the pixels: fill outside the flight line, every band
+    line = nodata_warning(cube, nodata_pixels(cube), "swath.npz")
+    assert line == "WARNING: swath.npz: 70 of 100 pixels are no-data and left unclassified (70 of them NaN/Inf in every " \
+        "band: fill outside the image, not a bad band)"
+    cube[:, :, 1] = np.nan  # and a bad band among the image's pixels too
+    line = nodata_warning(cube, nodata_pixels(cube), "swath.npz", file_band=np.arange(6)[::-1])
+    assert line.endswith(": NaN/Inf in band(s) 5 (1-based); a bad band? mark it 0 in the header's bbl or drop it")
