@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import sciformer
 from sciformer.engine.signals import command_is_process
 from sciformer.errors import SciformerError, resource_failure
+from sciformer.frontend import one_line_warnings
 from sciformer.utils.ranks import check_one_process, is_main_process
 from sciformer.utils.text import outlive_closed_stdout, print_names_as_bytes
 
@@ -335,7 +336,8 @@ def _run_command(argv: list[str] | None) -> int:
         terminate_as_interrupt(process=True)
     try:
         check_one_process(args.command)
-        code = COMMANDS[args.command](args)
+        with one_line_warnings():
+            code = COMMANDS[args.command](args)
         _quiet_signals()  # done and written: a signal from here on cannot make it look failed
         return code
     except KeyboardInterrupt as exc:  # engine.signals.Interrupted: stopped between steps, its checkpoint written

@@ -120,3 +120,31 @@ def printed_as(renames: dict[str, str]) -> Iterator[None]:
                     stream = getattr(sys, name)
                     if isinstance(stream, _RenamingStream):  # replaced by the caller meanwhile: theirs stays
                         setattr(sys, name, stream.inner)
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """On the command line, a warning sciformer raises prints as one ``WARNING: ...`` line on stderr
+    (Python's default adds the file, line number, category and a second line of source); warnings
+    from other packages keep their usual form."""
+    import warnings
+
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
+             line: str | None = None) -> None:
+        if not str(Path(filename).resolve()).startswith(_PACKAGE):
+            default(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+            return
+        text = " ".join(str(message).split("\n"))
+        print(text if text.startswith(("WARNING:", "note:")) else f"WARNING: {text}", file=sys.stderr if file is None else file)  # type: ignore[call-overload]
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        if warnings.showwarning is show:
+            warnings.showwarning = default
