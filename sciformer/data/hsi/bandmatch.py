@@ -28,12 +28,16 @@ index                   same count, same or  runs
 ======================  ===================  ==========================================
 
 Two band sets are the same when every centre agrees within
-:data:`~sciformer.data.hsi.wavelengths.TOLERANCE_NM`. An input band is *unseen* when its
-centre lies outside the trained range, or inside a gap of the trained centres (a step wider
-than :data:`GAP_FACTOR` times their median step: Indian Pines' water-absorption gaps of 30, 70
-and 134 nm between 10 nm steps), in both cases by more than the tolerance. Its normalisation
-would be read across the gap (or from the edge band), and a model that never saw it gives
-a one-class map of a real AVIRIS scene that holds them.
+:data:`~sciformer.data.hsi.wavelengths.TOLERANCE_NM`. The trained centres *cover* the range
+between them except their gaps (a step over :data:`GAP_FACTOR` times each of the two steps on
+either side of it: Indian Pines' water-absorption gaps of 30, 70 and 134 nm between 10 nm steps;
+a sparse sensor such as Sentinel-2, whose steps run 32-669 nm, has none), and each trained band
+also covers half its local step (:func:`band_margins`, at least the tolerance) beyond a range
+end or into a gap: a band reaches about halfway to its neighbours, so a recalibration shift of
+a nm or two, or the next unit of the same sensor, stays covered. An input band is *unseen* when
+it lies outside that coverage. Its normalisation would be read across the gap (or from the
+edge band), and a model that never saw it gives a one-class map of a real AVIRIS scene that
+holds them.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from sciformer.data.predicting import state_value
 from sciformer.errors import DataError
 from sciformer.frontend import from_python, option
 
-GAP_FACTOR = 2.0  # a step of the trained centres wider than this many median steps is a gap the model never saw
+GAP_FACTOR = 2.0  # a step of the trained centres wider than this many times both steps beside it is a gap the model never saw
 EVALUATE_CENTRES = "data.wavelengths=[...]"  # how ``evaluate`` (no --wavelengths flag) is given an input's band centres
 
 
@@ -172,7 +176,8 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
                          f"({mismatch_option()}): the model saw no band there, their normalisation is read across")
             return BandPlan(wl, resample=True, notes=notes)
         notes.append(f"note: {what} lie outside the trained {lo:.1f}-{hi:.1f} nm or in its gaps (steps over "
-                     f"{GAP_FACTOR:g}x the median): the model saw no band there; left out ({mismatch_option()} keeps them)")
+                     f"{GAP_FACTOR:g}x the steps beside them), over half a step from a trained band: the model saw no band "
+                     f"there; left out ({mismatch_option()} keeps them)")
         return BandPlan(wl[~unseen], resample=True, keep=~unseen, notes=notes)
     if bands != trained.bands:
         if trained.pca_components is not None:
@@ -193,20 +198,53 @@ def _plan(trained: TrainedBands, bands: int, wl: np.ndarray | None, where: str, 
 
 
 def unseen_bands(trained: np.ndarray, wl: np.ndarray) -> np.ndarray:
-    """(B,) bool: the centres ``wl`` outside the ``trained`` centres' range or inside one of their
-    gaps (a step over :data:`GAP_FACTOR` median steps), by more than the tolerance (see the module docstring).
+    """(B,) bool: the centres ``wl`` outside the ``trained`` centres' coverage (see the module docstring).
+
+    The steps between trained centres are covered, except their :func:`gap_steps`; each trained
+    band also covers its :func:`band_margins` beyond a range end and into a gap.
 
     Shapes:
         trained: (T,), wl: (B,) -> (B,)
     """
     t = np.sort(np.asarray(trained, dtype=np.float64).reshape(-1))  # (T,)
     wl = np.asarray(wl, dtype=np.float64).reshape(-1)  # (B,)
-    out = (wl < t[0] - TOLERANCE_NM) | (wl > t[-1] + TOLERANCE_NM)
-    if t.size > 2:
-        step = np.diff(t)  # (T - 1,)
-        for i in np.nonzero(step > GAP_FACTOR * np.median(step))[0]:
-            out |= (wl > t[i] + TOLERANCE_NM) & (wl < t[i + 1] - TOLERANCE_NM)
+    margin = band_margins(t)  # (T,)
+    out = (wl < t[0] - margin[0]) | (wl > t[-1] + margin[-1])
+    for i in np.nonzero(gap_steps(t))[0]:
+        out |= (wl > t[i] + margin[i]) & (wl < t[i + 1] - margin[i + 1])
     return out
+
+
+def gap_steps(t: np.ndarray) -> np.ndarray:
+    """(T - 1,) bool: the steps of the ascending centres ``t`` that are gaps, wider than :data:`GAP_FACTOR`
+    times each of the (up to) two steps on either side: a gap follows the sensor's local spacing, so
+    a sparse or irregular sensor's wide steps are none, nor are the steps beside overlapping bands.
+
+    Shapes:
+        t: (T,) -> (T - 1,)
+    """
+    step = np.diff(t)  # (T - 1,)
+    if step.size < 2:
+        return np.zeros(step.size, dtype=bool)
+    pad = np.r_[0.0, 0.0, step, 0.0, 0.0]  # (T + 3,)
+    n = step.size
+    side = np.max(np.stack([pad[0:n], pad[1:n + 1], pad[3:n + 3], pad[4:n + 4]]), axis=0)  # (T - 1,)
+    return step > GAP_FACTOR * side
+
+
+def band_margins(t: np.ndarray) -> np.ndarray:
+    """(T,) nm each trained band covers beyond a range end or into a gap: half the widest step (not a
+    gap) within two bands of it, the spacing of its band set there (a recalibration shift or another
+    unit of the same sensor stays within it), never under :data:`~sciformer.data.hsi.wavelengths.TOLERANCE_NM`.
+
+    Shapes:
+        t: (T,) ascending -> (T,)
+    """
+    step = np.where(gap_steps(t), 0.0, np.diff(t))  # (T - 1,) gaps count 0
+    pad = np.r_[0.0, 0.0, step, 0.0, 0.0]  # (T + 3,): band i sits between pad[i + 1] and pad[i + 2]
+    n = t.size
+    near = np.max(np.stack([pad[0:n], pad[1:n + 1], pad[2:n + 2], pad[3:n + 3]]), axis=0)  # (T,)
+    return np.maximum(0.5 * near, TOLERANCE_NM)
 
 
 def band_ranges(wl: np.ndarray, chosen: np.ndarray) -> str:

@@ -167,24 +167,54 @@ GAPPED = np.concatenate([np.arange(400.0, 1350.0, 10.0), np.arange(1420.0, 1820.
 
 
 def test_bands_in_the_trained_gaps_are_left_out(capsys: pytest.CaptureFixture[str]) -> None:
-    """Oracle: the input centres more than 1 nm inside a gap (a step over 20 nm, twice the 10 nm step) or
-    outside the range, listed by hand."""
+    """Oracle: the input centres with no trained band within 5 nm (half the 10 nm step; inside a
+    regular step every centre has one)."""
     model = trained(wavelengths=GAPPED)
     wl = np.arange(365.0, 2500.0, 9.7)  # (221,) another sensor, 10 nm-ish steps straight through the gaps
-    by_hand = (wl < 399.0) | ((wl > 1341.0) & (wl < 1419.0)) | ((wl > 1811.0) & (wl < 1949.0)) \
-        | ((wl > 2191.0) & (wl < 2229.0)) | (wl > 2491.0)
+    by_hand = np.abs(wl[:, None] - GAPPED[None, :]).min(axis=1) > 5.0
     plan = plan_bands(model, wl.size, wl, "av.mat")
     np.testing.assert_array_equal(plan.keep, ~by_hand)
     np.testing.assert_array_equal(plan.wavelengths, wl[~by_hand])
     err = capsys.readouterr().err.splitlines()
-    ranges = "(365.0-394.1, 1344.7-1412.6, 1820.0-1946.1, 2198.3-2227.4, 2499.0 nm) lie outside"
+    ranges = "(365.0-394.1, 1354.4-1412.6, 1820.0-1936.4, 2198.3-2217.7, 2499.0 nm) lie outside"
     assert len(err) == 2 and err[1].startswith(f"note: {int(by_hand.sum())} of 221 bands of av.mat {ranges}")
     assert "left out (--allow-band-mismatch keeps them)" in err[1]
     kept = plan_bands(model, wl.size, wl, "av.mat", allow_mismatch=True)  # the opt-in: every band, with a warning
     assert kept.keep is None and np.array_equal(kept.wavelengths, wl)
     assert capsys.readouterr().err.splitlines()[1].startswith(f"WARNING: {int(by_hand.sum())} of 221 bands")
-    near = plan_bands(model, 3, np.array([1340.5, 1419.2, 1810.8]), "x")  # within 1 nm of a gap's edge: a neighbour
+    near = plan_bands(model, 4, np.array([395.5, 1344.5, 1415.5, 1814.8]), "x")  # within half a step of a trained band
     assert near.keep is None
+
+
+@pytest.mark.parametrize("shift", [-4.5, -1.5, 1.5, 4.5])
+def test_a_recalibrated_sensor_keeps_every_band(shift: float) -> None:
+    """The same sensor shifted by under half its 10 nm step: every band is next to a trained one."""
+    assert plan_bands(trained(wavelengths=GAPPED), GAPPED.size, GAPPED + shift, "x", quiet=True).keep is None
+
+
+def test_a_shift_over_half_a_step_leaves_out_the_bands_at_the_gap_edges() -> None:
+    plan = plan_bands(trained(wavelengths=GAPPED), GAPPED.size, GAPPED + 6.0, "x", quiet=True)
+    assert plan.keep is not None
+    np.testing.assert_array_equal((GAPPED + 6.0)[~plan.keep], [1346.0, 1816.0, 2196.0, 2496.0])  # 6 nm past an edge
+
+
+S2A = np.array([442.7, 492.4, 559.8, 664.6, 704.1, 740.5, 782.8, 832.8, 864.7, 945.1, 1613.7, 2202.4])  # Sentinel-2A L2A
+S2B = np.array([442.2, 492.1, 559.0, 664.9, 703.8, 739.1, 779.7, 832.9, 864.0, 943.2, 1610.4, 2185.7])  # Sentinel-2B
+
+
+def test_a_sparse_sensor_has_no_gaps_and_its_twin_keeps_every_band() -> None:
+    """Sentinel-2's steps run 32-669 nm: its wide SWIR steps are its spacing, not gaps (2B's B12 lies 16.7 nm
+    from 2A's). Beyond the ends a band reaches half the widest step within two bands: 33.7 and 334.3 nm."""
+    model = trained(wavelengths=S2A)
+    assert plan_bands(model, 12, S2B, "s2b", quiet=True).keep is None
+    probe = np.array([408.0, 410.0, 1375.0, 2536.0, 2538.0])  # (5,) B10's cirrus band lies within a covered step
+    np.testing.assert_array_equal(plan_bands(model, 5, probe, "x", quiet=True).keep, [False, True, True, True, False])
+
+
+def test_overlapping_bands_make_no_gap() -> None:
+    """AVIRIS's spectrometers overlap: pairs of centres under 1 nm apart between 10 nm steps."""
+    wl = np.sort(np.r_[np.arange(400.0, 1000.0, 10.0), 690.4, 700.05])  # (62,)
+    assert plan_bands(trained(wavelengths=wl), wl.size, wl + 3.0, "x", quiet=True).keep is None
 
 
 def test_no_band_near_the_trained_ones_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
