@@ -191,7 +191,8 @@ def _check_container(handle: Any, path: Path, verify: bool = False) -> None:
     except Exception as exc:  # noqa: BLE001 - zipfile's many errors for a damaged end record or directory
         raise _damaged(path, exc) from None
     odd = [(m.filename, "encrypted") for m in members if m.flag_bits & _ENCRYPTED]
-    odd += [(m.filename, "a folder") for m in members if m.external_attr & _DOS_FOLDER or m.filename.endswith("/")]
+    odd += [(m.filename, "a folder") for m in members if (m.external_attr & _DOS_FOLDER or m.filename.endswith("/"))
+            and not (m.filename.endswith("/") and m.file_size == 0)]  # an empty folder entry (zip -r of an unpacked copy) holds nothing
     if odd:  # torch's reader skips a member marked a folder: its tensor would load as uninitialised memory
         raise CheckpointError(f"checkpoint '{path}' is damaged: member '{odd[0][0][:80]}' is marked {odd[0][1]}, which torch.save never "
                               "writes (changed on disk or in a copy); use another copy of the run")

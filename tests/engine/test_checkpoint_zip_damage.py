@@ -109,3 +109,19 @@ def test_random_edits_of_the_zip_records_load_the_same_tensors_or_are_refused(wr
             damaged[offset] = damaged[offset] ^ (1 << rng.randrange(8)) if rng.random() < 0.7 else rng.randrange(256)
         seen[_load_or_refuse(tmp_path / "fuzz.pt", bytes(damaged), reference)] += 1
     assert seen["refused"] > 100 and seen["same"] > 20  # both outcomes are exercised
+
+
+def test_a_checkpoint_zipped_again_with_folder_entries_loads(written: tuple[Path, bytes, Any], tmp_path: Path) -> None:
+    """Unpacked and packed again stored with its folders (as `zip -0 -r` does: 'archive/' entries with
+    the folder attribute and no bytes), a checkpoint holds the same tensors; it was refused as damaged."""
+    _, raw, reference = written
+    out = tmp_path / "repacked.pt"
+    with zipfile.ZipFile(io.BytesIO(raw)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        folders = sorted({m.filename.rsplit("/", 1)[0] + "/" for m in src.infolist() if "/" in m.filename})
+        for folder in folders:
+            info = zipfile.ZipInfo(folder)
+            info.external_attr = 0o40755 << 16 | 0x10  # what Info-ZIP writes for a folder
+            dst.writestr(info, b"")
+        for member in src.infolist():
+            dst.writestr(member.filename, src.read(member))
+    assert _same(load_checkpoint(out), reference)
