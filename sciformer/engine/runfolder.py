@@ -383,12 +383,12 @@ def resume_command(run_dir: Path, world_size: int) -> str:
 
 
 def check_resume_layout(state: dict[str, Any], where: str, steps_per_epoch: int, world_size: int, batch_size: int) -> None:
-    """Refuse a resume that changes the epoch's batches: a new ``train.batch_size`` mid-epoch (the epoch's samples split
-    anew: a smaller size trains some again, a larger one skips some), and a process count that changes the steps per epoch
-    (only a last global batch with fewer than 2 samples per process is dropped; the schedule is built on the steps)."""
+    """Refuse a resume that changes the epoch's batches: a new ``train.batch_size`` mid-epoch (the samples split anew: some trained
+    twice or skipped), and a process count that changes the steps per epoch (the schedule is built on the steps)."""
     old_batch, step = ((state.get("config") or {}).get("train") or {}).get("batch_size"), state.get("step_in_epoch")
     if isinstance(old_batch, int) and isinstance(step, int) and step > 0 and old_batch != batch_size:
-        effect = "train some of that epoch's samples twice" if batch_size < old_batch else "skip some of that epoch's samples altogether"
+        effect = "redo its steps in other batches (all trained; only its validation and checkpoint are left)" if step >= (state.get(
+            "steps_per_epoch") or step + 1) else "train some of that epoch's samples twice" if batch_size < old_batch else "skip some of that epoch's samples altogether"
         raise CheckpointError(f"checkpoint '{where}' was written at step {step} of epoch {state.get('epoch', 0) + 1} with train.batch_size={old_batch}: "
                               f"batches of {batch_size} would {effect}; resume with train.batch_size={old_batch} (another size may follow a checkpoint written at an epoch's end)")
     old_steps, old_world = state.get("steps_per_epoch"), state.get("world_size")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sciformer.cli import main
-from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunFolderError, check_new_run_dir
+from sciformer.engine.runfolder import UNFINISHED_PRETRAIN_FILES, RunFolderError, check_new_run_dir, check_resume_layout
+from sciformer.errors import CheckpointError
 
 # Names a user's folder may hold, run-file names among them (a run must not take those either).
 USER_NAMES = ["config.yaml", "metrics.csv", "env.json", "train.log", "notes.txt", ".notes.tmp1", ".hidden",
@@ -344,3 +345,14 @@ def test_resume_with_another_batch_size_mid_epoch_is_refused(toy_config: Path, t
     assert main(["train", "--resume", str(run)]) == 0  # as it ran: to the end of epoch 2
     assert main(["train", "--resume", str(run), "train.epochs=3", "train.batch_size=8"]) == 0  # from an epoch's end: allowed
     assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 3
+
+
+def test_a_new_batch_size_after_an_epochs_last_step_says_only_its_end_is_left() -> None:
+    """A checkpoint written at an epoch's last step (checkpoint_every_steps dividing it, killed in
+    validation) has no sample left to retrain: the refusal says so rather than 'twice'."""
+    state = {"config": {"train": {"batch_size": 32}}, "epoch": 0, "step_in_epoch": 6, "steps_per_epoch": 6, "world_size": 1}
+    with pytest.raises(CheckpointError) as caught:
+        check_resume_layout(state, "last.pt", 12, 1, 16)
+    assert "all trained; only its validation and checkpoint are left" in str(caught.value)
+    with pytest.raises(CheckpointError, match="train some of that epoch's samples twice"):
+        check_resume_layout(state | {"step_in_epoch": 3}, "last.pt", 12, 1, 16)
