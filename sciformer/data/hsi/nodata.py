@@ -62,10 +62,12 @@ def refuse_labelled_nodata(mask: np.ndarray, labelled: np.ndarray, where: str, v
                         "set them to 0 (unlabelled) in the label map or fix the cube")
 
 
-def bad_bands(cube: np.ndarray, listed: np.ndarray | None, file_band: np.ndarray | None = None) -> tuple[np.ndarray, str]:
-    """(B,) bool: the bands an ENVI header's ``bbl`` marks bad (``listed``), or non-finite on every
-    pixel; and what they are, for a note (``''`` when none), numbered as the file's bands
-    (``file_band``: the file's band of each of the cube's, when they were put in another order).
+def bad_bands(cube: np.ndarray, listed: np.ndarray | None, file_band: np.ndarray | None = None,
+              zeros: bool = False) -> tuple[np.ndarray, str]:
+    """(B,) bool: the bands an ENVI header's ``bbl`` marks bad (``listed``), non-finite on every pixel,
+    or with ``zeros`` 0 on every pixel (a dead or zero-filled detector band); and what they are, for a
+    note (``''`` when none), numbered as the file's bands (``file_band``: the file's band of each of
+    the cube's, when they were put in another order).
 
     Shapes:
         cube: (H, W, B), listed: (B,), file_band: (B,) -> (B,)
@@ -73,13 +75,19 @@ def bad_bands(cube: np.ndarray, listed: np.ndarray | None, file_band: np.ndarray
     b = cube.shape[-1]
     listed = np.zeros(b, dtype=bool) if listed is None else np.asarray(listed, dtype=bool)
     empty = np.zeros(b, dtype=bool)
-    if cube.dtype.kind == "f" and cube.size:
-        empty = np.ones(b, dtype=bool)
+    zero = np.full(b, bool(zeros and cube.size))
+    if cube.size and (cube.dtype.kind == "f" or zeros):
+        empty[:] = cube.dtype.kind == "f"
         for r in range(0, cube.shape[0], _ROWS):
-            empty &= ~np.isfinite(cube[r : r + _ROWS]).any(axis=(0, 1))
+            rows = cube[r : r + _ROWS]  # (rows, W, B)
+            if cube.dtype.kind == "f":
+                empty &= ~np.isfinite(rows).any(axis=(0, 1))
+            if zeros:
+                zero &= ~(rows != 0).any(axis=(0, 1))  # NaN != 0: a NaN band is not a zero band
     parts = [f"{what}: band(s) {_numbers(np.nonzero(flag)[0], file_band)} of the file (1-based)" for what, flag in
-             (("ENVI bbl = 0", listed), ("NaN/Inf on every pixel", empty & ~listed)) if flag.any()]
-    return listed | empty, "; ".join(parts)
+             (("ENVI bbl = 0", listed), ("NaN/Inf on every pixel", empty & ~listed),
+              ("0 on every pixel", zero & ~listed & ~empty)) if flag.any()]
+    return listed | empty | zero, "; ".join(parts)
 
 
 def nodata_warning(cube: np.ndarray, mask: np.ndarray, where: str, file_band: np.ndarray | None = None) -> str | None:

@@ -110,17 +110,18 @@ def arrange_bands(state: dict[str, Any], cube: np.ndarray, wl: np.ndarray | None
 
 def _leave_out_bands(scene: Scene, plan: BandPlan, trained: TrainedBands, norm: Normalizer, file_band: np.ndarray,
                      where: str) -> Normalizer:
-    """Feed the model the bands ``plan`` keeps, less the bad ones (ENVI ``bbl`` = 0, or NaN on every pixel) for a
-    model placing bands by wavelength (an index model needs every band: they stay, with a note); ``scene.cube``
+    """Feed the model the bands ``plan`` keeps, less the bad ones (ENVI ``bbl`` = 0, NaN on every pixel, or, on
+    another band set than the trained one, 0 on every pixel) for a model placing bands by wavelength (an index model needs every band: they stay, with a note); ``scene.cube``
     is cut in place, ``plan.wavelengths`` too, and the normaliser returned is read at the bands fed.
     ``file_band``: the file's band of each of ``scene.cube``'s (:func:`arrange_bands`)."""
     listed = scene.meta.get("bad_bands")
-    if listed is not None and np.any(listed) and trained.by_wavelength and trained.wavelengths is not None and plan.wavelengths is not None \
-            and same_wavelengths(np.sort(plan.wavelengths), np.sort(trained.wavelengths)):  # the trained band set: trained on them all
+    placed = trained.by_wavelength and plan.wavelengths is not None  # bands fed by wavelength: any set the model can take
+    other_set = placed and not same_wavelengths(np.sort(plan.wavelengths), np.sort(trained.wavelengths))  # type: ignore[arg-type]
+    if listed is not None and np.any(listed) and placed and not other_set:  # the trained band set: trained on them all
         print(f"note: {where}: the ENVI bbl marks {int(np.asarray(listed, dtype=bool).sum())} band(s) bad; kept, the "
               "model was trained on this band set with them", file=sys.stderr)
         listed = None
-    bad, what = bad_bands(scene.cube, None if listed is None else np.asarray(listed)[file_band], file_band)  # (B,)
+    bad, what = bad_bands(scene.cube, None if listed is None else np.asarray(listed)[file_band], file_band, zeros=other_set)  # (B,)
     keep = np.ones(scene.num_bands, dtype=bool) if plan.keep is None else plan.keep.copy()  # (B,)
     if bad.any() and not trained.by_wavelength:
         print(f"note: {where}: bad bands kept, the model places bands by index and takes all {trained.bands}: {what}",

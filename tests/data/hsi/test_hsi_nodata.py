@@ -180,3 +180,21 @@ def test_the_no_data_warning_tells_fill_outside_the_image_from_a_bad_band() -> N
     cube[:, :, 1] = np.nan  # and a bad band among the image's pixels too
     line = nodata_warning(cube, nodata_pixels(cube), "swath.npz", file_band=np.arange(6)[::-1])
     assert line.endswith(": NaN/Inf in band(s) 5 (1-based); a bad band? mark it 0 in the header's bbl or drop it")
+
+
+def test_a_band_zero_on_every_pixel_is_bad_only_when_asked() -> None:
+    """A dead or zero-filled detector band (AVIRIS crops hold 43) is a bad band on another sensor's band
+    set, where the model never saw it zero; a NaN band stays a NaN band, not a zero one."""
+    from sciformer.data.hsi.nodata import bad_bands
+
+    cube = np.ones((40, 3, 5), dtype=np.uint16)
+    cube[:, :, 1] = 0
+    cube[39, 2, 3] = 0  # zero on one pixel only: no dead band
+    bad, what = bad_bands(cube, None, np.arange(5)[::-1], zeros=True)
+    np.testing.assert_array_equal(bad, [False, True, False, False, False])
+    assert what == "0 on every pixel: band(s) 4 of the file (1-based)"
+    assert not bad_bands(cube, None)[0].any()  # the trained band set: not asked
+    floats = cube.astype(np.float32)
+    floats[:, :, 4] = np.nan
+    bad, what = bad_bands(floats, None, zeros=True)
+    assert what == "NaN/Inf on every pixel: band(s) 5 of the file (1-based); 0 on every pixel: band(s) 2 of the file (1-based)"
