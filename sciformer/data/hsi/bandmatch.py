@@ -32,7 +32,7 @@ Two band sets are the same when every centre agrees within
 between them except their gaps (a step over :data:`GAP_FACTOR` times each of the two steps on
 either side of it: Indian Pines' water-absorption gaps of 30, 70 and 134 nm between 10 nm steps;
 a sparse sensor such as Sentinel-2, whose steps run 32-669 nm, has none), and each trained band
-also covers half its local step (:func:`band_margins`, at least the tolerance) beyond a range
+also covers half its local step (:func:`band_margins`, at least the tolerance, at most :data:`END_REACH_NM` past an end) beyond a range
 end or into a gap: a band reaches about halfway to its neighbours, so a recalibration shift of
 a nm or two, or the next unit of the same sensor, stays covered. An input band is *unseen* when
 it lies outside that coverage. Its normalisation would be read across the gap (or from the
@@ -54,6 +54,7 @@ from sciformer.errors import DataError
 from sciformer.frontend import from_python, option
 
 GAP_FACTOR = 2.0  # a step of the trained centres wider than this many times both steps beside it is a gap the model never saw
+END_REACH_NM = 25.0  # the most a trained band covers past either end of the range (a sparse sensor's wide steps are no reach)
 EVALUATE_CENTRES = "data.wavelengths=[...]"  # how ``evaluate`` (no --wavelengths flag) is given an input's band centres
 
 
@@ -209,7 +210,8 @@ def unseen_bands(trained: np.ndarray, wl: np.ndarray) -> np.ndarray:
     t = np.sort(np.asarray(trained, dtype=np.float64).reshape(-1))  # (T,)
     wl = np.asarray(wl, dtype=np.float64).reshape(-1)  # (B,)
     margin = band_margins(t)  # (T,)
-    out = (wl < t[0] - margin[0]) | (wl > t[-1] + margin[-1])
+    ends = np.minimum(margin[[0, -1]], max(END_REACH_NM, TOLERANCE_NM))  # (2,)
+    out = (wl < t[0] - ends[0]) | (wl > t[-1] + ends[1])
     for i in np.nonzero(gap_steps(t))[0]:
         out |= (wl > t[i] + margin[i]) & (wl < t[i + 1] - margin[i + 1])
     return out

@@ -204,10 +204,10 @@ S2B = np.array([442.2, 492.1, 559.0, 664.9, 703.8, 739.1, 779.7, 832.9, 864.0, 9
 
 def test_a_sparse_sensor_has_no_gaps_and_its_twin_keeps_every_band() -> None:
     """Sentinel-2's steps run 32-669 nm: its wide SWIR steps are its spacing, not gaps (2B's B12 lies 16.7 nm
-    from 2A's). Beyond the ends a band reaches half the widest step within two bands: 33.7 and 334.3 nm."""
+    from 2A's). Beyond the ends a band reaches half the widest step within two bands, at most 25 nm."""
     model = trained(wavelengths=S2A)
     assert plan_bands(model, 12, S2B, "s2b", quiet=True).keep is None
-    probe = np.array([408.0, 410.0, 1375.0, 2536.0, 2538.0])  # (5,) B10's cirrus band lies within a covered step
+    probe = np.array([408.0, 420.0, 1375.0, 2220.0, 2536.0])  # (5,) B10's cirrus band lies within a covered step
     np.testing.assert_array_equal(plan_bands(model, 5, probe, "x", quiet=True).keep, [False, True, True, True, False])
 
 
@@ -227,3 +227,15 @@ def test_no_band_near_the_trained_ones_is_refused(capsys: pytest.CaptureFixture[
         plan_bands(trained(), 2, np.array([2600.0, 2700.0]), "x")  # no unit slip to name
     plan = plan_bands(trained(), 59, nm_as_um, "x.hdr", allow_mismatch=True)
     assert plan.keep is None and "WARNING: 59 of 59 bands" in capsys.readouterr().err
+
+
+def test_a_sparse_sensor_reaches_at_most_25_nm_past_its_range() -> None:
+    """Half a Sentinel-2 step at the range end is 300 nm: a hyperspectral input's 2210-2500 nm bands
+    were all fed to an 11-band model that ends at 2202.4 nm. Past the ends the reach is 25 nm at most."""
+    from sciformer.data.hsi.bandmatch import unseen_bands
+
+    s2 = np.array([442.7, 492.4, 559.8, 664.6, 704.1, 740.5, 782.8, 832.8, 864.7, 1613.7, 2202.4])
+    probes = np.array([410.0, 418.0, 420.0, 1610.4, 2185.7, 2226.0, 2228.0, 2300.0, 2500.0])
+    nearest = np.abs(probes[:, None] - s2[None, :]).min(axis=1)
+    outside = (probes < s2[0]) | (probes > s2[-1])
+    np.testing.assert_array_equal(unseen_bands(s2, probes), outside & (nearest > 25.0))  # by hand: beyond the ends, over 25 nm
