@@ -29,7 +29,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_the_run_records_its_frame_and_predict_places_a_shape_in_other_units(run: Path, tmp_path: Path) -> None:
+def test_the_run_records_its_frame_and_predict_places_a_shape_in_other_units(run: Path, tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
     frame = load_checkpoint(run / "checkpoints" / "best.pt")["data_state"]["shape_frame"]
     assert set(frame) == {"Airplane", "Bag"} and frame["Bag"]["shapes"] == 2
     root = Path(load_checkpoint(run / "checkpoints" / "best.pt")["config"]["data"]["root"])
@@ -37,14 +38,16 @@ def test_the_run_records_its_frame_and_predict_places_a_shape_in_other_units(run
     np.savetxt(tmp_path / "bag.xyz", xyz, fmt="%.9f")
     np.savetxt(tmp_path / "bag_mm.xyz", xyz * 1000.0 + [5e5, 4e6, 100.0], fmt="%.6f")
     args = ["predict", "--checkpoint", str(run), "--category", "Bag", "--columns", "x,y,z"]
-    with warnings.catch_warnings(record=True) as caught:
+    capsys.readouterr()
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
         assert main([*args, "-i", str(tmp_path / "bag_mm.xyz"), "-o", str(tmp_path / "mm.npy")]) == 0
-        said = [str(w.message) for w in caught if "frame" in str(w.message)]
-        assert len(said) == 1 and "bag_mm.xyz: the shape's radius" in said[0] and "--match-frame" in said[0]
+        said = [line for line in capsys.readouterr().err.splitlines() if "frame" in line]  # the command line's one line
+        assert len(said) == 1 and said[0].startswith("WARNING: ") and "bag_mm.xyz: the shape's radius" in said[0]
+        assert "--match-frame" in said[0]
         assert main([*args, "-i", str(tmp_path / "bag_mm.xyz"), "-o", str(tmp_path / "mm_placed.npy"), "--match-frame"]) == 0
         assert main([*args, "-i", str(tmp_path / "bag.xyz"), "-o", str(tmp_path / "placed.npy"), "--match-frame"]) == 0
-        assert len([w for w in caught if "frame" in str(w.message)]) == 1
+        assert not [line for line in capsys.readouterr().err.splitlines() if "frame" in line]
     np.testing.assert_array_equal(np.load(tmp_path / "mm_placed.npy"), np.load(tmp_path / "placed.npy"))
     model = sciformer.load(run)
     np.testing.assert_array_equal(model.predict(xyz * 1000.0 + [5e5, 4e6, 100.0], category="Bag", match_frame=True).labels,
