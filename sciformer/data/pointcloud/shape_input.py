@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from sciformer.data.transforms.geometric import shape_extent
 from sciformer.errors import DataError
 from sciformer.frontend import option
 
@@ -38,16 +39,6 @@ RADIUS_SLACK = (0.75, 1.33)
 # typical radius is a warning. Measured (as above): moved by 0.1 radius 0.893, by 0.25 along the
 # up axis 0.548, by 0.5 0.325.
 CENTRE_SLACK = 0.15
-
-
-def shape_extent(coord: np.ndarray) -> tuple[np.ndarray, float]:
-    """Centre (the mean) and radius (the largest distance from it) of a shape.
-
-    Shapes: coord (n, 3), n > 0 -> ((3,), float).
-    """
-    coord = np.asarray(coord, dtype=np.float64)  # (n, 3)
-    centre = coord.mean(axis=0)  # (3,)
-    return centre, float(np.linalg.norm(coord - centre, axis=1).max())
 
 
 def check_degenerate(coord: np.ndarray, num_points: int, source: str) -> None:
@@ -80,7 +71,7 @@ def frame_record(shapes: Iterable[tuple[str, np.ndarray]]) -> dict[str, dict[str
     """
     extents: dict[str, list[tuple[np.ndarray, float]]] = {}
     for category, coord in shapes:
-        extents.setdefault(category, []).append(shape_extent(coord))
+        extents.setdefault(category, []).append(shape_extent(np.asarray(coord, dtype=np.float64)))
     out = {}
     for category, items in extents.items():
         centres = np.array([c for c, _ in items])  # (S, 3)
@@ -116,7 +107,7 @@ def place_in_frame(record: dict[str, Any] | None, category: str, coord: np.ndarr
                             "centre and scale the shape as the training shapes were")
         warnings.warn(f"{source}: {why}, so the shape's centre and scale are not checked", stacklevel=2)
         return coord
-    centre, radius = shape_extent(coord[shape_rows])
+    centre, radius = shape_extent(np.asarray(coord[shape_rows], dtype=np.float64))
     trained = np.asarray(frame["centre"], dtype=np.float64)  # (3,)
     low, typical, high = (float(v) for v in frame["radius"])
     if match:

@@ -43,6 +43,17 @@ class CenterShift(Transform):
         return {**sample, "coord": (coord - shift).astype(coord.dtype)}
 
 
+def shape_extent(coord: np.ndarray) -> tuple[np.ndarray, float]:
+    """Centre (the mean) and radius (the largest distance from it) of a shape, computed in its
+    dtype: what :class:`NormalizeScale` moves to the origin and scales to 1.
+
+    Shapes: coord (n, 3), n > 0 -> ((3,), float).
+    """
+    coord = np.asarray(coord)  # (n, 3)
+    centre = coord.mean(axis=0)  # (3,)
+    return centre, float(np.linalg.norm(coord - centre, axis=1).max())
+
+
 class NormalizeScale(Transform):
     """Centre on the mean and scale into the unit sphere (largest norm 1).
 
@@ -56,8 +67,8 @@ class NormalizeScale(Transform):
         if num_points(sample) == 0:
             raise DataError("NormalizeScale: empty point cloud (0 points)")
         coord = sample["coord"]  # (n, 3)
-        centred = coord - coord.mean(axis=0)
-        radius = float(np.linalg.norm(centred, axis=1).max())
+        centre, radius = shape_extent(coord)
+        centred = coord - centre  # (n, 3)
         if radius > 0:
             centred = centred / radius
         return {**sample, "coord": centred.astype(coord.dtype)}
