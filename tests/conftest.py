@@ -24,6 +24,24 @@ def data_root() -> Path:
     return root
 
 
+LIDAR_TINY = ["train.epochs=1", "train.threads=1", "train.progress=never", "data.crop_max_points=1500",
+              "data.crops_per_tile=1", "data.eval_max_points=30000", "model.channels=[16,32,64,128]"]
+
+
+@pytest.fixture(scope="session")
+def tiny_lidar_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-epoch run of ``experiments/lidar_tiles.yaml`` on the real LAS tiles (:data:`LIDAR_TINY`),
+    trained once for every test that reads it (none writes into it)."""
+    from sciformer.cli import main
+
+    if not (default_data_root() / "lidar").is_dir():
+        pytest.skip("real LiDAR tiles absent (set SCIFORMER_DATA)")
+    out = tmp_path_factory.mktemp("lidar_run") / "run"
+    experiment = Path(__file__).resolve().parents[1] / "experiments" / "lidar_tiles.yaml"
+    assert main(["train", "-c", str(experiment), "-o", str(out), *LIDAR_TINY]) == 0
+    return out
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test (restored after): tiny tensors, where thread wake-ups

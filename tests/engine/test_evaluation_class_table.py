@@ -20,23 +20,14 @@ from sciformer.cli import main
 from sciformer.errors import CheckpointError
 
 laspy = pytest.importorskip("laspy")
-EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "lidar_tiles.yaml"
-TINY = ["train.epochs=1", "train.threads=1", "train.progress=never", "data.crop_max_points=1500",
-        "data.crops_per_tile=1", "data.eval_max_points=30000", "model.channels=[16,32,64,128]"]
 TILE = "file_with_both_wkt_and_geotiff_vlrs"  # the experiment's test tile
 REORDERED = "data.classes={vegetation: [3, 4, 5], ground: [2], building: [6], other: []}"
 TRAINED_ORDER = "ground, vegetation, building, other"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sciformer.contracts import default_data_root
-
-    if not (default_data_root() / "lidar").is_dir():
-        pytest.skip("real LiDAR tiles absent (set SCIFORMER_DATA)")
-    out = tmp_path_factory.mktemp("las_classes") / "run"
-    assert main(["train", "-c", str(EXPERIMENT), "-o", str(out), *TINY]) == 0
-    return out
+def run(tiny_lidar_run: Path) -> Path:
+    return tiny_lidar_run  # trained once for the suite (tests/conftest.py)
 
 
 def _refused(capsys: pytest.CaptureFixture, code: int) -> str:
